@@ -1,0 +1,69 @@
+"""Small validation helpers shared by every typed config.
+
+Every error names the option and the allowed values, so a typo in a Hydra override or a
+``gym.make`` keyword is caught at construction time instead of surfacing as a wrong number.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """An option has a value outside its allowed set or range."""
+
+
+def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
+                *, lo_open: bool = False, hi_open: bool = False) -> None:
+    """Raise ConfigError unless ``lo (<|<=) value (<|<=) hi``."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} is not a number") from None
+    if v != v:
+        raise ConfigError(f"{name} is NaN")
+    bad_lo = lo is not None and (v <= lo if lo_open else v < lo)
+    bad_hi = hi is not None and (v >= hi if hi_open else v > hi)
+    if bad_lo or bad_hi:
+        left = "-inf" if lo is None else f"{lo}"
+        right = "inf" if hi is None else f"{hi}"
+        interval = f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
+        raise ConfigError(f"{name}={value!r} is out of range; allowed: {interval}")
+
+
+def check_int(name: str, value: int, lo: int | None = None, hi: int | None = None) -> None:
+    """Raise ConfigError unless value is an integer within [lo, hi]."""
+    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
+        hasattr(value, "__index__")
+    ):
+        raise ConfigError(f"{name}={value!r} must be an integer")
+    check_range(name, int(value), lo, hi)
+
+
+def check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
+    """Raise ConfigError unless value is one of ``allowed``."""
+    allowed = list(allowed)
+    if value not in allowed:
+        raise ConfigError(f"{name}={value!r} is not valid; allowed: {', '.join(map(str, allowed))}")
+
+
+def lookup(kind: str, registry: Mapping[str, T], key: str) -> T:
+    """Registry lookup whose error lists the valid names."""
+    try:
+        return registry[key]
+    except KeyError:
+        raise ConfigError(
+            f"unknown {kind} {key!r}; allowed: {', '.join(sorted(registry))}"
+        ) from None
+
+
+def reject_unknown(kind: str, given: Mapping[str, object], known: Iterable[str]) -> None:
+    """Raise ConfigError naming any key of ``given`` that is not in ``known``."""
+    known = set(known)
+    extra = sorted(set(given) - known)
+    if extra:
+        raise ConfigError(
+            f"unknown {kind} option(s): {', '.join(extra)}; allowed: {', '.join(sorted(known))}"
+        )

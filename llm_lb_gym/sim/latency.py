@@ -1,0 +1,157 @@
+"""Iteration-time model of one inference instance, and hardware/model presets.
+
+An iteration (one forward pass of the batch) costs
+
+    t = base_s
+        + prefill_token_s * (prompt tokens computed in this iteration)
+        + prefill_attn_s  * sum over prefill chunks of chunk * (cached prefix + chunk)
+        + decode_seq_s    * (decode sequences in the batch)
+        + decode_ctx_s    * (sum of the decode sequences' context lengths)
+
+Why this shape: linear layers are compute bound in prefill (cost per token), prefill attention is
+quadratic in the prompt, a decode step is memory bound (weights read once per step: ``base_s``;
+KV read per context token: ``decode_ctx_s``) with a small per-sequence cost. It is linear in the
+decode batch's context sum, which lets the engine advance stretches of identical decode
+iterations in closed form (see ``engine.py``).
+
+Presets: coefficients per (model, GPU). Their source and fit error are printed by
+``python -m experiments.calibrate`` and documented in the README.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._validate import check_range, lookup
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """Coefficients of the iteration-time model, all in seconds."""
+
+    base_s: float
+    """Constant per iteration: weight reads, kernel launches, CPU scheduling overhead."""
+    prefill_token_s: float
+    """Per prompt token computed in the iteration (the paper's grad1 on V100: 3.2e-4)."""
+    prefill_attn_s: float
+    """Per (query token x key token) pair of prefill attention: chunk * (prefix + chunk)."""
+    decode_seq_s: float
+    """Per decode sequence in the batch."""
+    decode_ctx_s: float
+    """Per context token of the decode sequences (KV cache reads)."""
+
+    def __post_init__(self) -> None:
+        for name in ("base_s", "prefill_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s"):
+            check_range(f"latency.{name}", getattr(self, name), 0.0)
+
+    def iteration_s(self, prefill_tokens: int = 0, prefill_attn_pairs: int = 0,
+                    decode_seqs: int = 0, decode_ctx_tokens: int = 0) -> float:
+        """Duration of one iteration with the given batch composition."""
+        return (self.base_s + self.prefill_token_s * prefill_tokens
+                + self.prefill_attn_s * prefill_attn_pairs
+                + self.decode_seq_s * decode_seqs + self.decode_ctx_s * decode_ctx_tokens)
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        """A prefill-only iteration of one prompt."""
+        return self.iteration_s(prompt_tokens, prompt_tokens * prompt_tokens)
+
+    def isolated_request_s(self, prompt_tokens: int, decode_tokens: int) -> float:
+        """Latency of one request alone on an idle instance (prefill, then decode steps).
+
+        The first token comes from the prefill; each of the remaining ``decode_tokens - 1``
+        tokens takes one decode iteration whose context is the prompt plus tokens so far.
+        """
+        k = max(int(decode_tokens) - 1, 0)
+        ctx_sum = k * (prompt_tokens + 1) + k * (k - 1) // 2
+        decode = k * (self.base_s + self.decode_seq_s) + self.decode_ctx_s * ctx_sum
+        return self.prefill_s(prompt_tokens) + decode
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the KV-cache sizing needs to know of a model."""
+
+    name: str
+    weight_bytes: float
+    """Bytes of the weights in fp16 (2 x parameters)."""
+    kv_bytes_per_token: int
+    """2 (K and V) x layers x KV heads x head dim x 2 bytes."""
+    max_model_len: int
+    """Context window (prompt + output tokens) of the model."""
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    name: str
+    memory_bytes: float
+    activation_reserve_bytes: float
+    """Memory vLLM's profiling run keeps for activations and the CUDA graph pool."""
+
+
+GIB = 1024 ** 3
+
+MODELS: dict[str, ModelSpec] = {
+    # Llama-2-7B: 6.74e9 parameters, 32 layers, 32 KV heads of 128 -> 2*32*32*128*2 = 524,288 B.
+    "llama2-7b": ModelSpec("llama2-7b", 2 * 6.74e9, 2 * 32 * 32 * 128 * 2, 4096),
+    # Llama-3(.1)-8B: 8.03e9 parameters, 32 layers, GQA with 8 KV heads of 128 -> 131,072 B.
+    # max_model_len 8192: the common serving setting (the model allows 128k).
+    "llama3-8b": ModelSpec("llama3-8b", 2 * 8.03e9, 2 * 32 * 8 * 128 * 2, 8192),
+}
+
+GPUS: dict[str, GPUSpec] = {
+    "v100": GPUSpec("v100", 32 * GIB, 1.5 * GIB),
+    "a100": GPUSpec("a100", 80 * GIB, 2.0 * GIB),
+    "h100": GPUSpec("h100", 80 * GIB, 2.0 * GIB),
+}
+
+
+@dataclass(frozen=True)
+class HardwarePreset:
+    """A (model, GPU) pair with its latency coefficients and where they come from."""
+
+    name: str
+    model: str
+    gpu: str
+    latency: LatencyModel
+    source: str
+
+    @property
+    def model_spec(self) -> ModelSpec:
+        return lookup("model", MODELS, self.model)
+
+    @property
+    def gpu_spec(self) -> GPUSpec:
+        return lookup("gpu", GPUS, self.gpu)
+
+    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int:
+        """KV blocks left after weights and activations, as vLLM's profiling run derives them."""
+        m, g = self.model_spec, self.gpu_spec
+        free = g.memory_bytes * gpu_memory_utilization - m.weight_bytes - g.activation_reserve_bytes
+        blocks = int(free // (m.kv_bytes_per_token * block_size))
+        if blocks < 1:
+            raise ValueError(
+                f"preset {self.name}: no memory left for the KV cache at "
+                f"gpu_memory_utilization={gpu_memory_utilization}"
+            )
+        return blocks
+
+
+# Coefficients: see experiments/calibrate.py (fit) and the README (sources and fit errors).
+PRESETS: dict[str, HardwarePreset] = {}
+
+
+def register_preset(preset: HardwarePreset) -> None:
+    PRESETS[preset.name] = preset
+
+
+def get_preset(name: str) -> HardwarePreset:
+    """Preset by name; the error lists the valid names."""
+    return lookup("hardware preset", PRESETS, name)
+
+
+register_preset(HardwarePreset(
+    "llama2-7b-v100", "llama2-7b", "v100",
+    LatencyModel(base_s=0.0155, prefill_token_s=3.2e-4, prefill_attn_s=1.5e-8,
+                 decode_seq_s=3.3e-5, decode_ctx_s=1.0e-6),
+    source="provisional physics-based values; replaced by experiments/calibrate.py derivation",
+))
