@@ -1,0 +1,119 @@
+"""m identical instances behind one router queue, and the clock that drives them.
+
+The cluster owns the episode's ``RequestTable``. ``advance_to(T)`` moves arrivals up to ``T``
+into the router queue (or rejects them, with a reason) and runs every instance's iterations that
+start before ``T``; ``route(i)`` sends the head of the router queue to instance ``i`` at the
+current time. The router (a policy, or the Gymnasium env) decides between those two calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+from .config import ClusterConfig
+from .engine import Engine
+from .request import RequestTable, Status
+
+
+class Cluster:
+    def __init__(self, cfg: ClusterConfig, table: RequestTable, *, num_prompt_buckets: int = 1,
+                 num_decode_buckets: int = 1, check: bool = False):
+        self.cfg = cfg
+        self.table = table
+        e = cfg.engine
+        self.engines = [
+            Engine(i, e, table, fast=cfg.fast, num_prompt_buckets=num_prompt_buckets,
+                   num_decode_buckets=num_decode_buckets, check=check)
+            for i in range(cfg.num_instances)
+        ]
+        self.t = 0.0
+        self.queue: deque[int] = deque()
+        self.queue_penalty = 0.0     # sum of inv_ideal over the router queue (nothing generated)
+        self._next = 0               # next request (in arrival order) not yet arrived
+        self.n_rejected = 0
+        self.n_routed = 0
+        # Rejection limits: identical instances, so a request either fits all or none.
+        self._max_len = e.context_len
+        self._max_blocks = e.total_blocks - e.watermark_blocks
+        self._bs = e.block_size
+        self._max_batched = None if e.chunked_prefill else e.token_budget
+
+    # ----------------------------------------------------------------- time
+    @property
+    def next_arrival_s(self) -> float:
+        return self.table.arrival_s[self._next] if self._next < self.table.n else math.inf
+
+    @property
+    def all_arrived(self) -> bool:
+        return self._next >= self.table.n
+
+    def advance_to(self, T: float) -> None:
+        """Move the clock to ``T``: arrivals at or before ``T`` join the router queue."""
+        if T < self.t:
+            raise ValueError(f"time cannot go backwards: {T} < {self.t}")
+        tb = self.table
+        arr = tb.arrival_s
+        while self._next < tb.n and arr[self._next] <= T:
+            self._arrive(self._next)
+            self._next += 1
+        for e in self.engines:
+            e.advance_to(T)
+        self.t = T
+
+    def _arrive(self, rid: int) -> None:
+        tb = self.table
+        p, d = tb.prompt[rid], tb.decode[rid]
+        reason = None
+        if p + d > self._max_len:
+            reason = "exceeds_max_model_len"
+        elif -(-(p + d) // self._bs) > self._max_blocks:
+            reason = "exceeds_kv_capacity"
+        elif self._max_batched is not None and p > self._max_batched:
+            reason = "exceeds_max_num_batched_tokens"
+        if reason is not None:
+            tb.status[rid] = Status.REJECTED
+            tb.reject_reason[rid] = reason
+            self.n_rejected += 1
+            return
+        tb.status[rid] = Status.QUEUED
+        self.queue.append(rid)
+        self.queue_penalty += tb.inv_ideal[rid]
+
+    # -------------------------------------------------------------- routing
+    def route(self, instance: int) -> int:
+        """Send the head of the router queue to ``instance`` now; returns its id."""
+        if not self.queue:
+            raise IndexError("route() with an empty router queue")
+        rid = self.queue.popleft()
+        self.queue_penalty -= self.table.inv_ideal[rid]
+        if not self.queue:
+            self.queue_penalty = 0.0
+        self.engines[instance].add(rid, self.t)
+        self.n_routed += 1
+        return rid
+
+    def run_to_completion(self) -> None:
+        """Run every instance until it is idle (the router queue must be empty)."""
+        assert not self.queue and self.all_arrived
+        for e in self.engines:
+            e.advance_to(math.inf)
+        self.t = max([self.t] + [e.t for e in self.engines])
+
+    # ---------------------------------------------------------------- views
+    @property
+    def n_finished(self) -> int:
+        return sum(e.n_finished for e in self.engines)
+
+    @property
+    def done(self) -> bool:
+        """Every request of the episode has finished or been rejected."""
+        return self.n_finished + self.n_rejected == self.table.n
+
+    def penalty(self) -> float:
+        """Reward's in-system penalty: router queue plus every instance."""
+        return self.queue_penalty + sum(e.penalty() for e in self.engines)
+
+    @property
+    def head(self) -> int | None:
+        return self.queue[0] if self.queue else None

@@ -1,0 +1,565 @@
+"""One vLLM-style inference instance: waiting queue, running batch, KV blocks, iterations.
+
+Semantics: ``docs/simulator_semantics.md`` (the contract shared with the naive step-by-step
+reference in ``reference.py``; tests compare the two).
+
+Why it is fast. Between events (a route to this instance, a completion, a KV shortage) every
+running sequence gains one token per decode iteration, in lockstep. So the engine keeps a
+decode-iteration counter ``G`` and stores, per running request, its generated tokens ``o_base``
+at counter ``g_base``; ``o(G) = o_base + G - g_base`` needs no per-iteration update. Aggregates
+make a stretch of k identical decode iterations O(1):
+- context sum ``S(G) = S_at + B (G - G_S)``, so k iterations last ``k a + c B k (k-1) / 2`` with
+  ``a = base + seq B + c S(G)`` and ``c = decode_ctx_s``;
+- a sequence needs a new block every ``block_size`` iterations at a fixed phase, so per-phase
+  counts give the block demand of any stretch and the first iteration that runs out;
+- completions come from a heap keyed by the iteration in which each request ends;
+- the reward's in-system penalty and the work-left estimates are linear in ``G`` per request
+  until the prediction is reached, so sums of coefficients (plus a heap of saturation points)
+  give them in O(1).
+``fast=False`` runs the same logic one iteration at a time (the reference mode).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from itertools import chain
+
+from .config import EngineConfig
+from .request import RequestTable, Status
+
+INF = math.inf
+
+
+class Engine:
+    """A single instance. The cluster calls ``add`` (route) and ``advance_to`` (time)."""
+
+    def __init__(self, index: int, cfg: EngineConfig, table: RequestTable, *, fast: bool = True,
+                 num_prompt_buckets: int = 1, num_decode_buckets: int = 1, check: bool = False):
+        lat = cfg.latency_model
+        self.index = index
+        self.table = table
+        self.fast = fast
+        self.check = check
+        self.c0, self.cp, self.ca = lat.base_s, lat.prefill_token_s, lat.prefill_attn_s
+        self.cds, self.cdc = lat.decode_seq_s, lat.decode_ctx_s
+        self.bs = cfg.block_size
+        self.total_blocks = cfg.total_blocks
+        self.watermark = cfg.watermark_blocks
+        self.max_seqs = cfg.max_num_seqs
+        self.budget = cfg.token_budget
+        self.chunked = cfg.chunked_prefill
+        self.scheduler = cfg.scheduler
+        # Clock and KV state.
+        self.t = 0.0            # the next iteration starts no earlier than this (end of the last)
+        self.G = 0              # decode iterations run so far (lockstep counter)
+        self.used = 0           # KV blocks held
+        # Queues (request ids). Preempted requests go first, in preemption order.
+        self.preempted_q: list[int] = []
+        self.waiting_q: list[int] = []
+        self.prefilling: list[int] = []
+        self.running: dict[int, None] = {}   # insertion order = admission order
+        self.B = 0
+        self.S_at = 0
+        self.G_S = 0
+        self.fin_heap: list[tuple[int, int, int]] = []   # (iteration it completes in, admit seq, rid)
+        self.phase_cnt = [0] * self.bs
+        self.admit_counter = 0
+        self._blocked = False    # waiting requests known not to be admissible until an event
+        self._plan_dirty = True
+        self._g_fin_end = INF
+        self._g_ex = INF
+        # Counters.
+        self.n_finished = 0
+        self.n_preemptions = 0
+        self.n_iterations = 0
+        self.n_prefill_iterations = 0
+        # Observation aggregates.
+        self.prompt_counts = [0] * num_prompt_buckets   # requests in prompt phase per bucket
+        self.decode_counts = [0] * num_decode_buckets   # requests in decode phase per bucket
+        self.committed_tokens = 0.0   # sum of prompt + predicted decode tokens on this instance
+        self.pending_prefill_tokens = 0  # prompt (+ recompute) tokens not yet computed
+        # In-system penalty: sum_j inv_ideal_j * (1 - min(o_j / pred_j, 1)).
+        self.pen_static = 0.0        # waiting / prefilling (o frozen)
+        self.wait_left = 0.0         # sum max(pred - o, 0) over waiting / prefilling
+        self.pA1 = self.pA2 = self.pA3 = 0.0   # running, unsaturated: A1 - A2 - G A3
+        self.wA1 = self.wA2 = 0.0
+        self.wA3 = 0                 # running predicted decode left: wA1 - wA2 - G wA3
+        self.sat_heap: list[tuple[int, int, int]] = []   # (G at which o >= pred, admit seq, rid)
+        self.n_sat_running = 0
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def num_waiting(self) -> int:
+        return len(self.preempted_q) + len(self.waiting_q)
+
+    @property
+    def num_requests(self) -> int:
+        return self.num_waiting + len(self.prefilling) + self.B
+
+    @property
+    def free_blocks(self) -> int:
+        return self.total_blocks - self.used
+
+    def idle(self) -> bool:
+        return not (self.B or self.prefilling or self.preempted_q or self.waiting_q)
+
+    def add(self, rid: int, now: float) -> None:
+        """Route request ``rid`` here at time ``now`` (after ``advance_to(now)``)."""
+        tb = self.table
+        if self.idle() and self.t < now:
+            self.t = now
+        tb.status[rid] = Status.WAITING
+        tb.instance[rid] = self.index
+        tb.routed_s[rid] = now
+        self.waiting_q.append(rid)
+        self.committed_tokens += tb.prompt[rid] + tb.pred[rid]
+        self._enter_prompt_phase(rid)
+        self._blocked = False
+
+    def advance_to(self, T: float) -> None:
+        """Run every iteration that starts strictly before ``T``."""
+        while self.t < T:
+            if self.chunked:
+                if self.prefilling or ((self.preempted_q or self.waiting_q) and not self._blocked):
+                    if self._mixed_iteration():
+                        continue
+            elif (self.preempted_q or self.waiting_q) and not self._blocked:
+                admitted = self._select()
+                if admitted:
+                    self._prefill_iteration(admitted)
+                    continue
+                self._blocked = True
+            if not self.B:
+                assert not self.prefilling and (self._blocked or self.idle()), "engine stalled"
+                if not self.idle():
+                    raise RuntimeError(
+                        f"instance {self.index}: waiting requests can never be admitted on an "
+                        f"empty instance (they should have been rejected at arrival)")
+                return
+            self._decode(T)
+
+    # ---------------------------------------------------------------- estimates
+    def penalty(self) -> float:
+        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1))."""
+        self._pop_saturated()
+        run = self.pA1 - self.pA2 - self.G * self.pA3
+        return self.pen_static + (run if run > 0.0 else 0.0)
+
+    def decode_tokens_left(self) -> float:
+        """Predicted decode tokens still to generate (clipped at 0 per request)."""
+        self._pop_saturated()
+        run = self.wA1 - self.wA2 - self.G * self.wA3
+        return self.wait_left + (run if run > 0.0 else 0.0)
+
+    def decode_iteration_s(self) -> float:
+        """Duration of a decode iteration of the current running batch."""
+        if not self.B:
+            return 0.0
+        return self.c0 + self.cds * self.B + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
+
+    def earliest_completion_s(self) -> float:
+        """Predicted time until the first running request completes (0 when none runs)."""
+        if not self.B:
+            return 0.0
+        self._pop_saturated()
+        if self.n_sat_running or not self.sat_heap:
+            return 0.0
+        return max(self.sat_heap[0][0] - self.G, 0) * self.decode_iteration_s()
+
+    # ------------------------------------------------------------ state changes
+    def _enter_prompt_phase(self, rid: int) -> None:
+        tb = self.table
+        self.prompt_counts[tb.prompt_bucket[rid]] += 1
+        o, pred = tb.o_base[rid], tb.pred[rid]
+        self.pending_prefill_tokens += tb.prompt[rid] + o
+        f = o / pred
+        self.pen_static += tb.inv_ideal[rid] * (1.0 - f if f < 1.0 else 0.0)
+        self.wait_left += pred - o if pred > o else 0.0
+
+    def _leave_prompt_phase(self, rid: int) -> None:
+        tb = self.table
+        self.prompt_counts[tb.prompt_bucket[rid]] -= 1
+        o, pred = tb.o_base[rid], tb.pred[rid]
+        f = o / pred
+        self.pen_static -= tb.inv_ideal[rid] * (1.0 - f if f < 1.0 else 0.0)
+        self.wait_left -= pred - o if pred > o else 0.0
+
+    def _rebase_S(self) -> None:
+        self.S_at += self.B * (self.G - self.G_S)
+        self.G_S = self.G
+
+    def _join_running(self, rid: int, o: int) -> None:
+        """Request ``rid`` has generated ``o`` tokens and decodes from iteration G on."""
+        tb, G = self.table, self.G
+        self._rebase_S()
+        tb.status[rid] = Status.RUNNING
+        tb.o_base[rid] = o
+        tb.g_base[rid] = G
+        seq = self.admit_counter
+        self.admit_counter += 1
+        tb.admit_seq[rid] = seq
+        self.running[rid] = None
+        self.B += 1
+        p = tb.prompt[rid]
+        self.S_at += p + o
+        self.phase_cnt[(G + 1 - p - o) % self.bs] += 1
+        heapq.heappush(self.fin_heap, (G + tb.decode[rid] - 1 - o, seq, rid))
+        self.decode_counts[tb.decode_bucket[rid]] += 1
+        pred = tb.pred[rid]
+        if o >= pred:
+            tb.saturated[rid] = True
+            self.n_sat_running += 1
+        else:
+            tb.saturated[rid] = False
+            w, k = tb.inv_ideal[rid], o - G
+            self.pA1 += w
+            self.pA2 += w * k / pred
+            self.pA3 += w / pred
+            self.wA1 += pred
+            self.wA2 += k
+            self.wA3 += 1
+            heapq.heappush(self.sat_heap, (G + math.ceil(pred - o), seq, rid))
+        self._plan_dirty = True
+
+    def _leave_running(self, rid: int) -> int:
+        """Remove ``rid`` from the running set at the current G; return its generated tokens."""
+        tb, G = self.table, self.G
+        self._rebase_S()
+        o = tb.o_base[rid] + G - tb.g_base[rid]
+        p = tb.prompt[rid]
+        del self.running[rid]
+        self.B -= 1
+        self.S_at -= p + o
+        self.phase_cnt[(tb.g_base[rid] + 1 - p - tb.o_base[rid]) % self.bs] -= 1
+        self.decode_counts[tb.decode_bucket[rid]] -= 1
+        if tb.saturated[rid]:
+            self.n_sat_running -= 1
+        else:
+            w, pred, k = tb.inv_ideal[rid], tb.pred[rid], tb.o_base[rid] - tb.g_base[rid]
+            self.pA1 -= w
+            self.pA2 -= w * k / pred
+            self.pA3 -= w / pred
+            self.wA1 -= pred
+            self.wA2 -= k
+            self.wA3 -= 1
+            tb.saturated[rid] = True   # marks its sat_heap entry stale
+        if not self.B:   # resync the float aggregates so rounding cannot accumulate
+            self.pA1 = self.pA2 = self.pA3 = self.wA1 = self.wA2 = 0.0
+        self._plan_dirty = True
+        self._blocked = False
+        return o
+
+    def _pop_saturated(self) -> None:
+        h, tb, G = self.sat_heap, self.table, self.G
+        while h and h[0][0] <= G:
+            _, seq, rid = heapq.heappop(h)
+            if tb.admit_seq[rid] != seq or tb.saturated[rid] or tb.status[rid] != Status.RUNNING:
+                continue
+            w, pred, k = tb.inv_ideal[rid], tb.pred[rid], tb.o_base[rid] - tb.g_base[rid]
+            self.pA1 -= w
+            self.pA2 -= w * k / pred
+            self.pA3 -= w / pred
+            self.wA1 -= pred
+            self.wA2 -= k
+            self.wA3 -= 1
+            tb.saturated[rid] = True
+            self.n_sat_running += 1
+
+    def _finish(self, rid: int, o: int, now: float) -> None:
+        tb = self.table
+        assert o == tb.decode[rid], "finished with a wrong token count"
+        self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
+        assert self.used >= 0, "negative KV blocks"
+        tb.status[rid] = Status.FINISHED
+        tb.finish_s[rid] = now
+        tb.o_base[rid] = o
+        self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
+        self.n_finished += 1
+        self._blocked = False
+
+    def _preempt(self, rid: int) -> None:
+        """Recompute preemption: free the blocks, keep the tokens, requeue at the front."""
+        tb = self.table
+        o = self._leave_running(rid)
+        self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
+        assert self.used >= 0, "negative KV blocks"
+        tb.o_base[rid] = o
+        tb.status[rid] = Status.WAITING
+        tb.preemptions[rid] += 1
+        self.n_preemptions += 1
+        self.preempted_q.append(rid)
+        self._enter_prompt_phase(rid)
+
+    # ------------------------------------------------------------- scheduling
+    def _order(self):
+        if self.scheduler == "fcfs":
+            return chain(self.preempted_q, self.waiting_q)
+        tb = self.table
+        if self.scheduler == "least_work_left":
+            key = lambda r: tb.pred[r] - tb.o_base[r]  # noqa: E731
+        else:   # bin_packing: largest first
+            key = lambda r: -(tb.prompt[r] + tb.o_base[r])  # noqa: E731
+        return chain(self.preempted_q, sorted(self.waiting_q, key=key))
+
+    def _select(self, budget: int | None = None) -> list[int]:
+        """Admit from the waiting queue (see the semantics doc); returns admitted ids.
+
+        Without ``budget`` (no chunking) each request needs its whole ``p + o`` tokens within
+        the token budget; with it (chunked prefill) admissions stop when the budget is spent.
+        """
+        tb, bs = self.table, self.bs
+        free = self.total_blocks - self.used
+        nseq = self.B + len(self.prefilling)
+        tokens = 0
+        skip = self.scheduler == "bin_packing"
+        out: list[int] = []
+        for r in self._order():
+            if nseq >= self.max_seqs or (budget is not None and budget <= 0):
+                break
+            L = tb.prompt[r] + tb.o_base[r]
+            need = -(-L // bs)
+            if (budget is not None or tokens + L <= self.budget) and free - need >= self.watermark:
+                out.append(r)
+                nseq += 1
+                tokens += L
+                free -= need
+                if budget is not None:
+                    budget -= L
+            elif not skip:
+                break
+        if out:
+            self.used += sum(-(-(tb.prompt[r] + tb.o_base[r]) // bs) for r in out)
+            self._remove_waiting(out)
+        return out
+
+    def _remove_waiting(self, out: list[int]) -> None:
+        if self.scheduler == "fcfs":
+            k = len(self.preempted_q)
+            if len(out) <= k:
+                del self.preempted_q[:len(out)]
+            else:
+                del self.waiting_q[:len(out) - k]
+                self.preempted_q.clear()
+        else:
+            s = set(out)
+            self.preempted_q = [r for r in self.preempted_q if r not in s]
+            self.waiting_q = [r for r in self.waiting_q if r not in s]
+
+    def _start(self, rid: int, s: float) -> None:
+        tb = self.table
+        if tb.first_scheduled_s[rid] != tb.first_scheduled_s[rid]:   # NaN: first admission
+            tb.first_scheduled_s[rid] = s
+        tb.status[rid] = Status.PREFILLING
+
+    def _complete_prefill(self, rid: int, end: float) -> None:
+        """The prefill of ``rid`` finished at ``end``: it emits one token."""
+        tb = self.table
+        self._leave_prompt_phase(rid)
+        if not self.chunked:   # chunked iterations settle it chunk by chunk
+            self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid]
+        o = tb.o_base[rid] + 1
+        if tb.first_token_s[rid] != tb.first_token_s[rid]:
+            tb.first_token_s[rid] = end
+        if o >= tb.decode[rid]:
+            self._finish(rid, o, end)
+        else:
+            self._join_running(rid, o)
+
+    def _prefill_iteration(self, admitted: list[int]) -> None:
+        tb, s = self.table, self.t
+        toks = pairs = 0
+        for r in admitted:
+            L = tb.prompt[r] + tb.o_base[r]
+            toks += L
+            pairs += L * L
+            self._start(r, s)
+        end = s + self.c0 + self.cp * toks + self.ca * pairs
+        self.t = end
+        self.n_iterations += 1
+        self.n_prefill_iterations += 1
+        for r in admitted:
+            self._complete_prefill(r, end)
+        if self.check:
+            self._check()
+
+    def _grow_blocks(self) -> None:
+        """Give each running request that needs a block at this iteration one, preempting the
+        most recently admitted running request while none is free."""
+        ph = self.G % self.bs
+        if not self.phase_cnt[ph]:
+            return
+        tb, bs = self.table, self.bs
+        for r in list(self.running):
+            if r not in self.running or (tb.g_base[r] + 1 - tb.prompt[r] - tb.o_base[r]) % bs != ph:
+                continue
+            while self.used >= self.total_blocks:
+                victim = next(reversed(self.running))
+                self._preempt(victim)
+                if victim == r:
+                    break
+            if r in self.running:
+                self.used += 1
+        assert self.used <= self.total_blocks, "KV blocks over capacity"
+
+    def _end_decode(self) -> None:
+        """Finish the requests whose last token came from the iterations just run."""
+        h, tb, G, now = self.fin_heap, self.table, self.G, self.t
+        while h and h[0][0] < G:
+            _, seq, rid = heapq.heappop(h)
+            if tb.admit_seq[rid] != seq or tb.status[rid] != Status.RUNNING:
+                continue   # stale: the request was preempted since
+            o = self._leave_running(rid)
+            self._finish(rid, o, now)
+
+    def _mixed_iteration(self) -> bool:
+        """One chunked-prefill iteration: decodes, partial prefills, new admissions."""
+        tb, s = self.table, self.t
+        if self.B:
+            self._grow_blocks()
+        budget = self.budget - self.B
+        toks = pairs = 0
+        completed: list[int] = []
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            L, done = tb.prompt[r] + tb.o_base[r], tb.prefill_done[r]
+            c = min(L - done, budget)
+            toks += c
+            pairs += c * (done + c)
+            tb.prefill_done[r] = done + c
+            self.pending_prefill_tokens -= c
+            budget -= c
+            if done + c == L:
+                completed.append(r)
+        new = self._select(budget) if budget > 0 and (self.preempted_q or self.waiting_q) else []
+        if not new and (self.preempted_q or self.waiting_q):
+            self._blocked = True   # until a completion or preemption frees room
+        for r in new:
+            self._start(r, s)
+            L = tb.prompt[r] + tb.o_base[r]
+            c = min(L, budget)
+            toks += c
+            pairs += c * c
+            budget -= c
+            tb.prefill_done[r] = c
+            self.pending_prefill_tokens -= c
+            self.prefilling.append(r)
+            if c == L:
+                completed.append(r)
+        if not self.B and not toks:
+            return False
+        dur = self.c0 + self.cp * toks + self.ca * pairs
+        if self.B:
+            dur += self.cds * self.B + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
+        self.t = s + dur
+        self.n_iterations += 1
+        if self.B:
+            self.G += 1
+            self._end_decode()
+        if completed:
+            done_set = set(completed)
+            self.prefilling = [r for r in self.prefilling if r not in done_set]
+            for r in completed:
+                tb.prefill_done[r] = 0
+                self._complete_prefill(r, self.t)
+        if self.check:
+            self._check()
+        return True
+
+    # --------------------------------------------------------------- decoding
+    def _demand(self, G: int, k: int) -> int:
+        """New blocks the running set needs in iterations G .. G+k-1."""
+        full, rem = divmod(k, self.bs)
+        d = full * self.B
+        cnt, bs = self.phase_cnt, self.bs
+        for i in range(rem):
+            d += cnt[(G + i) % bs]
+        return d
+
+    def _plan(self) -> None:
+        """Next stop of the decode stretch: the first completion, or the first iteration whose
+        block demand exceeds the free blocks."""
+        h, tb = self.fin_heap, self.table
+        while h and (tb.admit_seq[h[0][2]] != h[0][1] or tb.status[h[0][2]] != Status.RUNNING):
+            heapq.heappop(h)
+        self._g_fin_end = h[0][0] + 1 if h else INF
+        free, B, bs = self.total_blocks - self.used, self.B, self.bs
+        span = self._g_fin_end - self.G
+        if B * -(-span // bs) <= free:
+            self._g_ex = INF
+        else:
+            cycles, r = divmod(free, B)
+            g = self.G + cycles * bs
+            cum, cnt = 0, self.phase_cnt
+            for i in range(bs):
+                cum += cnt[(g + i) % bs]
+                if cum > r:
+                    break
+            self._g_ex = g + i
+        self._plan_dirty = False
+
+    def _decode(self, T: float) -> None:
+        if self._plan_dirty:
+            self._plan()
+        G = self.G
+        if G == self._g_ex:   # this iteration runs out of blocks: walk it explicitly
+            self._grow_blocks()
+            if self.B:
+                self.t += self.c0 + self.cds * self.B + self.cdc * (self.S_at + self.B * (G - self.G_S))
+                self.G += 1
+                self.n_iterations += 1
+                self._end_decode()
+            self._plan_dirty = True
+            if self.check:
+                self._check()
+            return
+        stop = min(self._g_fin_end, self._g_ex) - G
+        if not self.fast:
+            stop = 1
+        B = self.B
+        a = self.c0 + self.cds * B + self.cdc * (self.S_at + B * (G - self.G_S))
+        c = self.cdc * B
+        t = self.t
+        k = stop
+        if T != INF and t + (k - 1) * a + c * (k - 1) * (k - 2) / 2 >= T:
+            k = self._iterations_before(t, a, c, T)
+        self.t = t + k * a + c * k * (k - 1) / 2
+        self.used += self._demand(G, k)
+        self.G = G + k
+        self.n_iterations += k
+        if self.G == self._g_fin_end:
+            self._end_decode()
+        if self.check:
+            self._check()
+
+    @staticmethod
+    def _iterations_before(t: float, a: float, c: float, T: float) -> int:
+        """Number of iterations j >= 0 with start t + j a + c j (j-1)/2 < T (at least 1)."""
+        D = T - t
+        b = a - c / 2
+        k = math.ceil(2 * D / (b + math.sqrt(b * b + 2 * c * D)))
+        while k > 1 and t + (k - 1) * a + c * (k - 1) * (k - 2) / 2 >= T:
+            k -= 1
+        while t + k * a + c * k * (k - 1) / 2 < T:
+            k += 1
+        return max(k, 1)
+
+    # ------------------------------------------------------------- invariants
+    def _check(self) -> None:
+        """Recompute the aggregates from scratch and compare (tests only)."""
+        tb, bs, G = self.table, self.bs, self.G
+        held = 0
+        S = 0
+        for r in self.running:
+            o = tb.o_base[r] + G - tb.g_base[r]
+            assert 1 <= o < tb.decode[r], (r, o)
+            held += -(-(tb.prompt[r] + o - 1) // bs)
+            S += tb.prompt[r] + o
+        for r in self.prefilling:
+            held += -(-(tb.prompt[r] + tb.o_base[r]) // bs)
+        assert held == self.used, f"instance {self.index}: blocks {self.used} != {held}"
+        assert 0 <= self.used <= self.total_blocks
+        assert S == self.S_at + self.B * (G - self.G_S)
+        assert self.B == len(self.running) <= self.max_seqs
+        assert self.B + len(self.prefilling) <= self.max_seqs

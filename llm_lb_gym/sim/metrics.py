@@ -1,0 +1,79 @@
+"""Per-request latencies and the episode summary.
+
+Every request ends finished or rejected; the summary says how many of each, so nothing is lost
+silently. Percentiles use numpy's default (linear) interpolation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .request import RequestTable, Status
+
+METRIC_KEYS = (
+    "num_requests", "completed", "rejected", "mean_e2e_s", "p50_e2e_s", "p90_e2e_s", "p99_e2e_s",
+    "mean_ttft_s", "p50_ttft_s", "p99_ttft_s", "mean_tbt_s", "p99_tbt_s", "mean_router_wait_s",
+    "mean_queue_wait_s", "preemptions", "makespan_s", "throughput_rps",
+)
+
+
+def request_latencies(table: RequestTable) -> dict[str, np.ndarray]:
+    """Derived per-request arrays over the finished requests."""
+    status = table.column("status")
+    fin = status == Status.FINISHED
+    arr = table.column("arrival_s")[fin]
+    first = table.column("first_token_s")[fin]
+    finish = table.column("finish_s")[fin]
+    routed = table.column("routed_s")[fin]
+    sched = table.column("first_scheduled_s")[fin]
+    dec = table.column("decode")[fin]
+    multi = dec > 1
+    tbt = (finish[multi] - first[multi]) / (dec[multi] - 1)
+    return {
+        "e2e_s": finish - arr,
+        "ttft_s": first - arr,
+        "tbt_s": tbt,
+        "router_wait_s": routed - arr,
+        "queue_wait_s": sched - routed,
+        "instance": table.column("instance")[fin],
+        "preemptions": table.column("preemptions")[fin],
+    }
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else math.nan
+
+
+def _mean(x: np.ndarray) -> float:
+    return float(np.mean(x)) if len(x) else math.nan
+
+
+def episode_metrics(table: RequestTable) -> dict[str, float]:
+    """The episode summary: counts, latency means and percentiles, throughput."""
+    lat = request_latencies(table)
+    status = table.column("status")
+    n_fin = int(np.sum(status == Status.FINISHED))
+    n_rej = int(np.sum(status == Status.REJECTED))
+    e2e, ttft, tbt = lat["e2e_s"], lat["ttft_s"], lat["tbt_s"]
+    if n_fin:
+        fin = status == Status.FINISHED
+        makespan = float(np.max(table.column("finish_s")[fin]) - np.min(table.column("arrival_s")))
+    else:
+        makespan = 0.0
+    out = {
+        "num_requests": table.n, "completed": n_fin, "rejected": n_rej,
+        "mean_e2e_s": _mean(e2e), "p50_e2e_s": _pct(e2e, 50), "p90_e2e_s": _pct(e2e, 90),
+        "p99_e2e_s": _pct(e2e, 99), "mean_ttft_s": _mean(ttft), "p50_ttft_s": _pct(ttft, 50),
+        "p99_ttft_s": _pct(ttft, 99), "mean_tbt_s": _mean(tbt), "p99_tbt_s": _pct(tbt, 99),
+        "mean_router_wait_s": _mean(lat["router_wait_s"]),
+        "mean_queue_wait_s": _mean(lat["queue_wait_s"]),
+        "preemptions": int(np.sum(table.column("preemptions"))),
+        "makespan_s": makespan,
+        "throughput_rps": n_fin / makespan if makespan > 0 else 0.0,
+    }
+    reasons = [r for r in table.reject_reason if r is not None]
+    for reason in sorted(set(reasons)):
+        out[f"rejected_{reason}"] = reasons.count(reason)
+    return out

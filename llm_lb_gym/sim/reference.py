@@ -1,0 +1,345 @@
+"""Naive step-by-step reference simulator of one instance: the oracle for the fast engine.
+
+Why it exists: ``engine.py`` advances stretches of decode iterations in closed form and keeps
+aggregates instead of per-request state, which is fast and easy to get subtly wrong. This module
+follows ``docs/simulator_semantics.md`` literally, one iteration at a time, with one Python object
+per request and explicit block counts, so that it can be checked by reading. Nothing here is
+optimised; do not use it inside the environment.
+
+Readings of the contract where its text leaves room (kept in one place so that the fast engine
+can be held to the same ones):
+
+- Preemption victims are chosen from the *running* set (requests whose prefill has completed).
+  In chunked mode a request still prefilling is not running and is never a victim, so a decode
+  may preempt itself while prefilling requests keep their blocks.
+- In chunked mode the admission checks are the sequence limit and the watermark; the token check
+  of the non-chunked mode is replaced by "budget left > 0", the chunk being min(p + o, budget left).
+- ``bin_packing`` skips any request that does not fit, preempted ones included.
+- A prefilling request holds blocks for its whole ``p + o`` from admission, although its KV is
+  written chunk by chunk; the block check counts what is held.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import EngineConfig
+
+
+@dataclass
+class RefRequest:
+    """A request as routed to the instance."""
+
+    rid: int
+    route_s: float
+    """Time it joins the instance's waiting queue."""
+    prompt_tokens: int
+    decode_tokens: int
+    """True output length d (tokens generated, the first by the prefill)."""
+    pred_decode_tokens: float
+    """Predicted output length; only the least_work_left scheduler reads it."""
+
+
+@dataclass
+class RefResult:
+    """Timestamps of one request; same order as the input list."""
+
+    rid: int
+    first_scheduled_s: float
+    first_token_s: float
+    finish_s: float
+    preemptions: int
+
+
+@dataclass
+class RefStats:
+    """Whole-run counters, for tests that check conservation and capacity."""
+
+    iterations: int
+    preemptions: int
+    peak_blocks: int
+    end_s: float
+    """End of the last iteration (the finish of the last request)."""
+
+
+class _Seq:
+    """Mutable state of one request inside the reference simulation."""
+
+    def __init__(self, req: RefRequest, queue_index: int):
+        self.req = req
+        self.queue_index = queue_index  # route order, the tie-breaker of every scheduler
+        self.p = req.prompt_tokens
+        self.d = req.decode_tokens
+        self.o = 0
+        self.blocks = 0
+        self.state = "future"  # future, waiting, prefilling, running, finished
+        self.admitted_at = -1  # admission counter of the latest admission
+        self.prefill_len = 0  # p + o at the latest admission
+        self.prefill_done = 0  # tokens of that prefill already computed (chunked mode)
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.preemptions = 0
+
+
+class _Instance:
+    """One engine: waiting queues, running set, block pool, clock."""
+
+    def __init__(self, cfg: EngineConfig):
+        self.cfg = cfg
+        self.bs = cfg.block_size
+        self.total = cfg.total_blocks
+        self.wm = cfg.watermark_blocks
+        self.lat = cfg.latency_model
+        self.used = 0
+        self.peak = 0
+        self.preempted: list[_Seq] = []  # front of the waiting queue, in preemption order
+        self.fresh: list[_Seq] = []  # never-run requests, in route order
+        self.prefilling: list[_Seq] = []
+        self.running: list[_Seq] = []
+        self.admissions = 0
+        self.iterations = 0
+        self.preemption_count = 0
+
+    # ---- blocks -----------------------------------------------------------------------------
+    def free_blocks(self) -> int:
+        return self.total - self.used
+
+    def allocate(self, seq: _Seq, n: int) -> None:
+        assert n <= self.free_blocks(), f"allocating {n} blocks with {self.free_blocks()} free"
+        seq.blocks += n
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def release(self, seq: _Seq) -> None:
+        self.used -= seq.blocks
+        seq.blocks = 0
+        assert self.used >= 0
+
+    # ---- queue order ------------------------------------------------------------------------
+    def scheduler_order(self) -> list[_Seq]:
+        """Preempted first (preemption order), then never-run requests in scheduler order."""
+        fresh = sorted(self.fresh, key=lambda s: s.queue_index)
+        if self.cfg.scheduler == "least_work_left":
+            fresh = sorted(fresh, key=lambda s: s.req.pred_decode_tokens - s.o)  # stable: ties by queue
+        elif self.cfg.scheduler == "bin_packing":
+            fresh = sorted(fresh, key=lambda s: -(s.p + s.o))
+        return list(self.preempted) + fresh
+
+    def admit(self, seq: _Seq, now: float) -> None:
+        if seq in self.preempted:
+            self.preempted.remove(seq)
+        else:
+            self.fresh.remove(seq)
+        self.allocate(seq, math.ceil((seq.p + seq.o) / self.bs))
+        self.admissions += 1
+        seq.admitted_at = self.admissions
+        seq.prefill_len = seq.p + seq.o
+        seq.prefill_done = 0
+        seq.state = "prefilling"
+        if seq.first_scheduled_s is None:
+            seq.first_scheduled_s = now
+
+    def fits(self, seq: _Seq, seqs_so_far: int, blocks_so_far: int) -> bool:
+        """Sequence limit and watermark; the token check differs per mode and is done by callers."""
+        need = math.ceil((seq.p + seq.o) / self.bs)
+        return (seqs_so_far < self.cfg.max_num_seqs
+                and self.free_blocks() - blocks_so_far - need >= self.wm)
+
+    # ---- token generation -------------------------------------------------------------------
+    def emit_token(self, seq: _Seq, end: float) -> None:
+        """One token at the end of an iteration; finishing frees the blocks."""
+        seq.o += 1
+        if seq.first_token_s is None:
+            seq.first_token_s = end
+        if seq.o == seq.d:
+            seq.state = "finished"
+            seq.finish_s = end
+            self.release(seq)
+            if seq in self.running:
+                self.running.remove(seq)
+
+    def finish_prefill(self, seq: _Seq, end: float) -> None:
+        self.prefilling.remove(seq)
+        seq.state = "running"
+        self.running.append(seq)
+        self.emit_token(seq, end)
+
+    # ---- decode block growth and preemption -------------------------------------------------
+    def preempt(self, victim: _Seq) -> None:
+        self.running.remove(victim)
+        self.release(victim)
+        victim.state = "waiting"
+        victim.preemptions += 1
+        self.preemption_count += 1
+        self.preempted.append(victim)
+
+    def grow_decodes(self) -> list[_Seq]:
+        """Give every running request the block its next token needs; return those served."""
+        served: list[_Seq] = []
+        for seq in sorted(self.running, key=lambda s: s.admitted_at):
+            if seq.state != "running":
+                continue  # preempted earlier in this walk
+            need = math.ceil((seq.p + seq.o) / self.bs) - seq.blocks
+            assert need in (0, 1), f"request {seq.req.rid} needs {need} new blocks"
+            while need == 1:
+                if self.free_blocks() >= 1:
+                    self.allocate(seq, 1)
+                    need = 0
+                else:
+                    victim = min(self.running, key=lambda s: s.admitted_at)
+                    assert victim not in served
+                    self.preempt(victim)
+                    if victim is seq:
+                        break
+            if seq.state == "running":
+                served.append(seq)
+        return served
+
+    # ---- one iteration ----------------------------------------------------------------------
+    def step_unchunked(self, now: float) -> float | None:
+        """One iteration without chunking; returns its end time, or None if nothing ran."""
+        admitted: list[_Seq] = []
+        tokens = 0
+        blocks = 0
+        for seq in self.scheduler_order():
+            seq_tokens = seq.p + seq.o
+            ok = (self.fits(seq, len(self.running) + len(admitted), blocks)
+                  and tokens + seq_tokens <= self.cfg.token_budget)
+            if ok:
+                admitted.append(seq)
+                tokens += seq_tokens
+                blocks += math.ceil(seq_tokens / self.bs)
+            elif self.cfg.scheduler != "bin_packing":
+                break
+        if admitted:
+            for seq in admitted:
+                self.admit(seq, now)
+                self.prefilling.append(seq)
+            dur = self.lat.iteration_s(prefill_tokens=sum(s.prefill_len for s in admitted),
+                                       prefill_attn_pairs=sum(s.prefill_len ** 2 for s in admitted))
+            end = now + dur
+            for seq in admitted:
+                seq.prefill_done = seq.prefill_len
+                self.finish_prefill(seq, end)
+            return end
+        if not self.running:
+            return None
+        decodes = self.grow_decodes()
+        assert decodes, "a decode iteration lost every request to preemption"
+        dur = self.lat.iteration_s(decode_seqs=len(decodes),
+                                   decode_ctx_tokens=sum(s.p + s.o for s in decodes))
+        end = now + dur
+        for seq in decodes:
+            self.emit_token(seq, end)
+        return end
+
+    def step_chunked(self, now: float) -> float | None:
+        """One mixed iteration under the token budget; returns its end time, or None if idle."""
+        decodes = self.grow_decodes()
+        budget_left = self.cfg.token_budget - len(decodes)
+        assert budget_left >= 0
+        chunks: list[tuple[_Seq, int, int]] = []  # (request, chunk tokens, tokens done before)
+        for seq in sorted(self.prefilling, key=lambda s: s.admitted_at):
+            chunk = min(seq.prefill_len - seq.prefill_done, budget_left)
+            if chunk > 0:
+                chunks.append((seq, chunk, seq.prefill_done))
+                budget_left -= chunk
+        for seq in self.scheduler_order():
+            if budget_left == 0:
+                break
+            if self.fits(seq, len(self.running) + len(self.prefilling), 0):
+                self.admit(seq, now)
+                self.prefilling.append(seq)
+                chunk = min(seq.prefill_len, budget_left)
+                chunks.append((seq, chunk, 0))
+                budget_left -= chunk
+            elif self.cfg.scheduler != "bin_packing":
+                break
+        if not decodes and not chunks:
+            return None
+        dur = self.lat.iteration_s(
+            prefill_tokens=sum(c for _, c, _ in chunks),
+            prefill_attn_pairs=sum(c * (before + c) for _, c, before in chunks),
+            decode_seqs=len(decodes),
+            decode_ctx_tokens=sum(s.p + s.o for s in decodes),
+        )
+        end = now + dur
+        for seq in decodes:
+            self.emit_token(seq, end)
+        for seq, chunk, _ in chunks:
+            seq.prefill_done += chunk
+            if seq.prefill_done == seq.prefill_len:
+                self.finish_prefill(seq, end)
+        return end
+
+    # ---- invariants -------------------------------------------------------------------------
+    def expected_blocks(self, seq: _Seq) -> int:
+        """Blocks a request must hold, from its state alone."""
+        if seq.state == "prefilling":
+            return math.ceil(seq.prefill_len / self.bs)  # reserved for the whole prefill
+        if seq.state == "running":
+            return math.ceil((seq.p + seq.o - 1) / self.bs)  # the newest token has no KV yet
+        return 0
+
+    def check_invariants(self, seqs: list[_Seq]) -> None:
+        assert 0 <= self.used <= self.total, f"used blocks {self.used} outside [0, {self.total}]"
+        from_scratch = sum(self.expected_blocks(s) for s in seqs)
+        assert self.used == from_scratch, f"used blocks {self.used} != {from_scratch} recomputed"
+        for s in seqs:
+            assert s.blocks == self.expected_blocks(s), f"request {s.req.rid} holds {s.blocks}"
+            assert 0 <= s.o <= s.d, f"request {s.req.rid}: o={s.o} outside [0, {s.d}]"
+        assert len(self.running) + len(self.prefilling) <= self.cfg.max_num_seqs
+
+
+def _assert_admissible(req: RefRequest, cfg: EngineConfig) -> None:
+    """The caller filters rejectable requests; here they are a bug in the test or the caller."""
+    p, d = req.prompt_tokens, req.decode_tokens
+    assert p >= 1 and d >= 1, f"request {req.rid}: p={p}, d={d} must be >= 1"
+    assert p + d <= cfg.context_len, f"request {req.rid} exceeds max_model_len"
+    assert math.ceil((p + d) / cfg.block_size) <= cfg.total_blocks - cfg.watermark_blocks, (
+        f"request {req.rid} exceeds the KV capacity")
+    if not cfg.chunked_prefill:
+        assert p <= cfg.token_budget, f"request {req.rid} exceeds max_num_batched_tokens"
+
+
+def simulate_reference(requests: list[RefRequest], cfg: EngineConfig,
+                       check: bool = True) -> tuple[list[RefResult], RefStats]:
+    """Run one instance iteration by iteration until every request has finished.
+
+    ``requests`` must be sorted by ``route_s``; ties join the queue in list order. With
+    ``check`` the block, sequence, token and clock invariants are asserted after every iteration.
+    """
+    for a, b in zip(requests, requests[1:]):
+        assert a.route_s <= b.route_s, "requests must be sorted by route_s"
+    for req in requests:
+        _assert_admissible(req, cfg)
+    inst = _Instance(cfg)
+    seqs = [_Seq(r, i) for i, r in enumerate(requests)]
+    step = inst.step_chunked if cfg.chunked_prefill else inst.step_unchunked
+    nxt = 0  # index of the next request not yet routed
+    now = requests[0].route_s if requests else 0.0
+    while any(s.state != "finished" for s in seqs):
+        while nxt < len(seqs) and seqs[nxt].req.route_s <= now:
+            seqs[nxt].state = "waiting"
+            inst.fresh.append(seqs[nxt])
+            nxt += 1
+        busy = inst.preempted or inst.fresh or inst.prefilling or inst.running
+        if not busy:
+            now = max(now, seqs[nxt].req.route_s)  # idle: jump to the next route
+            continue
+        end = step(now)
+        if end is None:
+            raise RuntimeError(
+                f"instance stuck at t={now}: waiting requests can never be admitted on an empty "
+                f"instance (a readmission prefill p + o above max_num_batched_tokens?)")
+        assert end >= now, "iteration with negative duration"
+        inst.iterations += 1
+        now = end
+        if check:
+            inst.check_invariants(seqs)
+    results = [RefResult(s.req.rid, s.first_scheduled_s, s.first_token_s, s.finish_s, s.preemptions)
+               for s in seqs]
+    stats = RefStats(inst.iterations, inst.preemption_count, inst.peak, now)
+    return results, stats

@@ -1,0 +1,92 @@
+"""Requests of one episode: their static description and lifecycle timestamps.
+
+The table is column-oriented (one Python list per field, indexed by request id) because the
+engines touch a few fields of many requests in their hot loops, and Python lists index faster
+than numpy arrays for scalar access. ``Request`` is the row view for users.
+Ids are positions in the episode's ``RequestBatch``; they belong to this table, never to a
+global counter, so two simulations never share state.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+
+class Status(IntEnum):
+    PENDING = 0   # not yet arrived
+    QUEUED = 1    # in the router queue
+    WAITING = 2   # in an instance's waiting queue (never run, or preempted)
+    PREFILLING = 3  # admitted, prefill chunks in progress (chunked prefill only)
+    RUNNING = 4   # decoding
+    FINISHED = 5
+    REJECTED = 6
+
+
+REJECT_REASONS = ("exceeds_max_model_len", "exceeds_kv_capacity", "exceeds_max_num_batched_tokens")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request's record (a read-only row of the table)."""
+
+    rid: int
+    arrival_s: float
+    prompt_tokens: int
+    decode_tokens: int
+    pred_decode_tokens: float
+    task_id: int
+    status: Status
+    instance: int
+    routed_s: float
+    first_scheduled_s: float
+    first_token_s: float
+    finish_s: float
+    preemptions: int
+    reject_reason: str | None
+
+
+class RequestTable:
+    """Column store of one episode's requests (static fields + lifecycle)."""
+
+    def __init__(self, arrival_s, prompt_tokens, decode_tokens, pred_decode_tokens,
+                 task_id=None, prompt_bucket=None, decode_bucket=None, inv_ideal_s=None):
+        n = len(arrival_s)
+        self.n = n
+        self.arrival_s: list[float] = [float(x) for x in arrival_s]
+        self.prompt: list[int] = [int(x) for x in prompt_tokens]
+        self.decode: list[int] = [int(x) for x in decode_tokens]
+        self.pred: list[float] = [max(1.0, float(x)) for x in pred_decode_tokens]
+        self.task_id: list[int] = [0] * n if task_id is None else [int(x) for x in task_id]
+        self.prompt_bucket: list[int] = [0] * n if prompt_bucket is None else [int(x) for x in prompt_bucket]
+        self.decode_bucket: list[int] = [0] * n if decode_bucket is None else [int(x) for x in decode_bucket]
+        # 1 / (ideal completion time): weight of the reward's in-system penalty (env layer).
+        self.inv_ideal: list[float] = [0.0] * n if inv_ideal_s is None else [float(x) for x in inv_ideal_s]
+        nan = math.nan
+        self.status: list[int] = [Status.PENDING] * n
+        self.instance: list[int] = [-1] * n
+        self.routed_s: list[float] = [nan] * n
+        self.first_scheduled_s: list[float] = [nan] * n
+        self.first_token_s: list[float] = [nan] * n
+        self.finish_s: list[float] = [nan] * n
+        self.preemptions: list[int] = [0] * n
+        self.reject_reason: list[str | None] = [None] * n
+        # Engine scratch: generated tokens at decode-iteration counter ``g_base`` of its engine.
+        self.o_base: list[int] = [0] * n
+        self.g_base: list[int] = [0] * n
+        self.admit_seq: list[int] = [-1] * n
+        self.prefill_done: list[int] = [0] * n   # tokens of the current prefill already computed
+        self.saturated: list[bool] = [False] * n  # generated >= predicted (reward term is 0)
+
+    def row(self, rid: int) -> Request:
+        return Request(rid, self.arrival_s[rid], self.prompt[rid], self.decode[rid], self.pred[rid],
+                       self.task_id[rid], Status(self.status[rid]), self.instance[rid],
+                       self.routed_s[rid], self.first_scheduled_s[rid], self.first_token_s[rid],
+                       self.finish_s[rid], self.preemptions[rid], self.reject_reason[rid])
+
+    def column(self, name: str) -> np.ndarray:
+        """A field as a numpy array (for metrics)."""
+        return np.asarray(getattr(self, name))

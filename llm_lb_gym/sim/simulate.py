@@ -1,0 +1,64 @@
+"""Run a whole episode on the simulator alone, routing each request the moment it arrives.
+
+This is the simulator's own driver (benchmarks, calibration checks, tests); the Gymnasium env
+drives the same ``Cluster`` with a decision interval instead.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..workload.batch import RequestBatch
+from .cluster import Cluster
+from .config import ClusterConfig
+from .request import RequestTable
+
+RouteFn = Callable[[Cluster, int], int]
+"""(cluster, request id at the head of the router queue) -> instance index."""
+
+
+def round_robin_route() -> RouteFn:
+    state = {"i": -1}
+
+    def route(cluster: Cluster, rid: int) -> int:
+        state["i"] = (state["i"] + 1) % len(cluster.engines)
+        return state["i"]
+
+    return route
+
+
+def make_table(batch: RequestBatch, pred_decode_tokens=None) -> RequestTable:
+    pred = batch.decode_tokens if pred_decode_tokens is None else pred_decode_tokens
+    return RequestTable(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred, batch.task_id)
+
+
+def simulate(batch: RequestBatch, cfg: ClusterConfig, route: RouteFn | None = None, *,
+             table: RequestTable | None = None, check: bool = False) -> Cluster:
+    """Route every request at its arrival time with ``route`` (round robin by default) and run
+    the cluster until every request has finished or been rejected."""
+    route = route or round_robin_route()
+    table = table or make_table(batch)
+    cluster = Cluster(cfg, table, check=check)
+    arrivals = table.arrival_s
+    n, i = table.n, 0
+    while i < n:
+        t = arrivals[i]
+        cluster.advance_to(t)
+        while cluster.queue:
+            cluster.route(route(cluster, cluster.queue[0]))
+        while i < n and arrivals[i] <= t:
+            i += 1
+    cluster.run_to_completion()
+    assert cluster.done, "simulation ended with requests neither finished nor rejected"
+    return cluster
+
+
+def poisson_batch(rng: np.random.Generator, n: int, rate_rps: float, prompt_mean: float,
+                  decode_mean: float, max_tokens: int = 4000) -> RequestBatch:
+    """A quick synthetic batch (geometric lengths, Poisson arrivals) for tests and benches."""
+    arr = np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    p = np.minimum(rng.geometric(1.0 / prompt_mean, n), max_tokens // 2)
+    d = np.minimum(rng.geometric(1.0 / decode_mean, n), max_tokens // 2)
+    return RequestBatch.from_arrays(arr, p, d)
