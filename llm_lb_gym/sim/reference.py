@@ -188,7 +188,7 @@ class _Instance:
                     self.allocate(seq, 1)
                     need = 0
                 else:
-                    victim = min(self.running, key=lambda s: s.admitted_at)
+                    victim = max(self.running, key=lambda s: s.admitted_at)
                     assert victim not in served
                     self.preempt(victim)
                     if victim is seq:
