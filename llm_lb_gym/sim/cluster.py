@@ -81,11 +81,16 @@ class Cluster:
         self.queue_penalty += tb.inv_ideal[rid]
 
     # -------------------------------------------------------------- routing
-    def route(self, instance: int) -> int:
-        """Send the head of the router queue to ``instance`` now; returns its id."""
+    def route(self, instance: int, position: int = 0) -> int:
+        """Send the router queue's request at ``position`` (0 = head) to ``instance`` now;
+        returns its id. Positions other than the head serve reordering routers (Min-Min)."""
         if not self.queue:
             raise IndexError("route() with an empty router queue")
-        rid = self.queue.popleft()
+        if position:
+            rid = self.queue[position]
+            del self.queue[position]
+        else:
+            rid = self.queue.popleft()
         self.queue_penalty -= self.table.inv_ideal[rid]
         if not self.queue:
             self.queue_penalty = 0.0

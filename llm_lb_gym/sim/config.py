@@ -60,6 +60,12 @@ class EngineConfig:
                 f"engine.max_num_batched_tokens={self.token_budget} must be >= engine.max_num_seqs="
                 f"{self.max_num_seqs} with chunked_prefill (every running decode takes one token)"
             )
+        if not self.chunked_prefill and self.token_budget < self.context_len:
+            raise ConfigError(
+                f"engine.max_num_batched_tokens={self.token_budget} must be >= max_model_len="
+                f"{self.context_len} without chunked_prefill (as vLLM v0 requires): a preempted "
+                "request re-prefills prompt + generated tokens and must fit in one iteration"
+            )
         if self.latency is not None and not isinstance(self.latency, LatencyModel):
             object.__setattr__(self, "latency", LatencyModel(**dict(self.latency)))
 
