@@ -1,0 +1,39 @@
+"""Agents for routing in ``LLMCluster-v0``: Double DQN (SB3), custom agents, callbacks, factory.
+
+Quick start::
+
+    import gymnasium as gym, llm_lb_gym
+    from agents import make_agent, EpisodeMetricsCallback
+    env = gym.make("LLMCluster-v0")
+    agent = make_agent("double_dqn", env, total_timesteps=200_000, episode_steps=5_000,
+                       tensorboard_log="runs/")
+    agent.learn(200_000, callback=EpisodeMetricsCallback())
+"""
+
+from agents.base import Agent, accepts_action_masks, predict_action
+from agents.callbacks import EpisodeMetricsCallback, PeriodicEvalCallback
+from agents.custom import HeuristicAgent, REINFORCEAgent, REINFORCEConfig
+from agents.double_dqn import DoubleDQN
+from agents.factory import AGENT_NAMES, agent_class, load_agent, make_agent
+from agents.nets import ACTIVATIONS, activation_class
+from agents.paper_defaults import PaperDQNDefaults, paper_kwargs
+
+__all__ = [
+    "ACTIVATIONS",
+    "AGENT_NAMES",
+    "Agent",
+    "DoubleDQN",
+    "EpisodeMetricsCallback",
+    "HeuristicAgent",
+    "PaperDQNDefaults",
+    "PeriodicEvalCallback",
+    "REINFORCEAgent",
+    "REINFORCEConfig",
+    "accepts_action_masks",
+    "activation_class",
+    "agent_class",
+    "load_agent",
+    "make_agent",
+    "paper_kwargs",
+    "predict_action",
+]
