@@ -1,0 +1,259 @@
+"""Readers for request traces: parse a file once into columns, reject anything malformed.
+
+Formats (``TRACE_FORMATS``):
+- ``azure``: Azure LLM inference trace 2023 CSV, ``TIMESTAMP, ContextTokens, GeneratedTokens``;
+  timestamps are wall-clock datetimes with 7 fractional digits (parsed by numpy as ns).
+- ``lengths``: length-only CSV (Sarathi/Vidur exports), ``num_prefill_tokens,
+  num_decode_tokens``; no timestamps, so a workload pairs it with a synthetic arrival process.
+- ``mooncake``: JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length``.
+- ``burstgpt``: BurstGPT CSV, ``Timestamp`` (s), ``Model``, ``Request tokens``,
+  ``Response tokens``; the model name becomes the request's task (application) name.
+Other columns or fields are ignored.
+
+Every value is checked: a missing column, an unparsable or non-integral number, a negative
+count or an unparsable timestamp raises ``TraceFormatError`` naming the file, the line and the
+column. Zero token counts are a policy (``zero_tokens``): BurstGPT logs failed requests as rows
+with 0 response tokens, so that format drops zero-count rows by default and counts them in
+``TraceData.dropped_zero_rows``; for every other format a zero is an error by default (the
+Azure conversation trace has none: GeneratedTokens >= 7 in all 19,366 rows), and
+``zero_tokens="drop"`` opts into dropping. Rows are sorted by timestamp (stable) if the file is
+not; arrivals are seconds from the earliest row.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .._validate import check_choice
+
+TRACE_FORMATS = ("azure", "lengths", "mooncake", "burstgpt")
+ZERO_TOKEN_POLICIES = ("error", "drop")
+DEFAULT_ZERO_TOKENS = {"azure": "error", "lengths": "error", "mooncake": "error",
+                       "burstgpt": "drop"}
+"""Zero-count policy per format when none is given (see the module docstring)."""
+
+_CSV_COLUMNS = {
+    "azure": {"time": "TIMESTAMP", "prompt": "ContextTokens", "decode": "GeneratedTokens"},
+    "lengths": {"prompt": "num_prefill_tokens", "decode": "num_decode_tokens"},
+    "burstgpt": {"time": "Timestamp", "task": "Model", "prompt": "Request tokens",
+                 "decode": "Response tokens"},
+}
+_JSON_FIELDS = {"time": "timestamp", "prompt": "input_length", "decode": "output_length"}
+
+
+class TraceFormatError(ValueError):
+    """A trace file is malformed; the message names the file, the line and the column."""
+
+    def __init__(self, path, line: int, column: str, problem: str) -> None:
+        super().__init__(f"{path}, line {line}, column {column!r}: {problem}")
+        self.path, self.line, self.column = str(path), line, column
+
+
+@dataclass(frozen=True, eq=False)
+class TraceData:
+    """A parsed trace: one entry per request, sorted by arrival when it has timestamps."""
+
+    path: str
+    format: str
+    arrival_s: np.ndarray | None
+    """float64 seconds from the earliest request, non-decreasing; None for length-only files."""
+    prompt_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    task_id: np.ndarray
+    task_names: tuple[str, ...]
+    line: np.ndarray
+    """Source line of each request (1 = header), for provenance and error messages."""
+    dropped_zero_rows: int = 0
+    """Rows removed because a token count was 0 under ``zero_tokens="drop"``."""
+
+    def __len__(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def has_timestamps(self) -> bool:
+        return self.arrival_s is not None
+
+    @property
+    def mean_rate_rps(self) -> float | None:
+        """Requests per second over the trace's span (None without timestamps)."""
+        if self.arrival_s is None or len(self) < 2 or self.arrival_s[-1] == 0:
+            return None
+        return (len(self) - 1) / float(self.arrival_s[-1])
+
+
+# -- value parsing ------------------------------------------------------------------------------
+def _parse_floats(path, column: str, values, lines: np.ndarray) -> np.ndarray:
+    """float64 array of ``values`` (strings or numbers); the first bad one raises with its line."""
+    try:
+        out = np.asarray(values, dtype=np.float64) if not isinstance(values, np.ndarray) \
+            else values.astype(np.float64)
+    except (ValueError, TypeError):
+        out = None
+    if out is None or not np.all(np.isfinite(out)):
+        for value, line in zip(values, lines):
+            if isinstance(value, bool):
+                raise TraceFormatError(path, int(line), column, f"{value!r} is not a number")
+            try:
+                number = float(value)
+            except (ValueError, TypeError):
+                shown = "empty value" if str(value).strip() == "" else f"{value!r} is not a number"
+                raise TraceFormatError(path, int(line), column, shown) from None
+            if not np.isfinite(number):
+                raise TraceFormatError(path, int(line), column, f"{value!r} is not finite")
+    return out
+
+
+def _parse_tokens(path, column: str, values, lines: np.ndarray) -> np.ndarray:
+    """int64 token counts >= 0; fractions and negatives raise with their line."""
+    numbers = _parse_floats(path, column, values, lines)
+    bad = np.flatnonzero((numbers != np.floor(numbers)) | (numbers < 0))
+    if len(bad):
+        i = int(bad[0])
+        problem = "is negative" if numbers[i] < 0 else "is not a whole number of tokens"
+        raise TraceFormatError(path, int(lines[i]), column, f"{values[i]!r} {problem}")
+    return numbers.astype(np.int64)
+
+
+def _parse_datetimes(path, column: str, values, lines: np.ndarray) -> np.ndarray:
+    """Seconds (float64) since the epoch from ISO-like datetime strings (UTC 'Z'/'+00:00' ok)."""
+    cleaned = np.array([_strip_utc(v) for v in values])
+    try:
+        stamps = cleaned.astype("datetime64[ns]")
+    except ValueError:
+        stamps = None
+    if stamps is None or np.any(np.isnat(stamps)):
+        for value, text, line in zip(values, cleaned, lines):
+            try:
+                if np.isnat(np.datetime64(text, "ns")):
+                    raise ValueError
+            except ValueError:
+                raise TraceFormatError(path, int(line), column,
+                                       f"{value!r} is not a datetime (YYYY-MM-DD HH:MM:SS.fff)") from None
+        raise TraceFormatError(path, int(lines[0]), column, "timestamps do not parse as one array")
+    return stamps.astype(np.int64).astype(np.float64) * 1e-9
+
+
+def _strip_utc(text: str) -> str:
+    text = text.strip()
+    if text.endswith("Z"):
+        return text[:-1]
+    if text.endswith("+00:00"):
+        return text[:-6]
+    return text
+
+
+# -- file readers -------------------------------------------------------------------------------
+def _read_csv(path: Path, columns: dict[str, str]) -> tuple[dict[str, list[str]], np.ndarray]:
+    """The named columns as lists of strings, plus each row's line number."""
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise TraceFormatError(path, 1, next(iter(columns.values())), "file is empty (no header)")
+        names = [h.strip() for h in header]
+        index = {}
+        for name in columns.values():
+            if name not in names:
+                raise TraceFormatError(path, 1, name,
+                                       f"missing column; header has: {', '.join(names)}")
+            index[name] = names.index(name)
+        need = max(index.values()) + 1
+        out: dict[str, list[str]] = {name: [] for name in index}
+        lines: list[int] = []
+        for row in reader:
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) < need:
+                missing = next(n for n, i in index.items() if i >= len(row))
+                raise TraceFormatError(path, reader.line_num, missing,
+                                       f"row has {len(row)} fields, header has {len(names)}")
+            for name, i in index.items():
+                out[name].append(row[i])
+            lines.append(reader.line_num)
+    return out, np.asarray(lines, dtype=np.int64)
+
+
+def _read_jsonl(path: Path, fields: dict[str, str]) -> tuple[dict[str, list], np.ndarray]:
+    out: dict[str, list] = {name: [] for name in fields.values()}
+    lines: list[int] = []
+    with open(path, encoding="utf-8") as f:
+        for number, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceFormatError(path, number, "(whole line)", f"not valid JSON: {e.msg}") from None
+            if not isinstance(record, dict):
+                raise TraceFormatError(path, number, "(whole line)", "not a JSON object")
+            for name in fields.values():
+                if name not in record:
+                    raise TraceFormatError(path, number, name, "missing field")
+                value = record[name]
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise TraceFormatError(path, number, name, f"{value!r} is not a number")
+                out[name].append(value)
+            lines.append(number)
+    return out, np.asarray(lines, dtype=np.int64)
+
+
+def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) -> TraceData:
+    """Parse ``path`` in ``format`` (see the module docstring); raises on anything malformed."""
+    check_choice("format", format, TRACE_FORMATS)
+    zero_tokens = DEFAULT_ZERO_TOKENS[format] if zero_tokens is None else zero_tokens
+    check_choice("zero_tokens", zero_tokens, ZERO_TOKEN_POLICIES)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace file not found: {path}")
+    names = _JSON_FIELDS if format == "mooncake" else _CSV_COLUMNS[format]
+    raw, lines = _read_jsonl(path, names) if format == "mooncake" else _read_csv(path, names)
+    if len(lines) == 0:
+        raise TraceFormatError(path, 2, names["prompt"], "no data rows")
+
+    prompt = _parse_tokens(path, names["prompt"], raw[names["prompt"]], lines)
+    decode = _parse_tokens(path, names["decode"], raw[names["decode"]], lines)
+    zero = (prompt == 0) | (decode == 0)
+    if zero.any() and zero_tokens == "error":
+        i = int(np.flatnonzero(zero)[0])
+        column = names["prompt"] if prompt[i] == 0 else names["decode"]
+        raise TraceFormatError(path, int(lines[i]), column,
+                               "0 tokens; pass zero_tokens='drop' to skip such rows")
+
+    arrival = None
+    if format == "azure":
+        arrival = _parse_datetimes(path, names["time"], raw[names["time"]], lines)
+    elif format == "mooncake":
+        arrival = _parse_floats(path, names["time"], raw[names["time"]], lines) * 1e-3
+    elif format == "burstgpt":
+        arrival = _parse_floats(path, names["time"], raw[names["time"]], lines)
+
+    if format == "burstgpt":
+        models = np.asarray([m.strip() for m in raw[names["task"]]])
+        empty = np.flatnonzero(models == "")
+        if len(empty):
+            raise TraceFormatError(path, int(lines[empty[0]]), names["task"], "empty value")
+        task_names, task_id = np.unique(models, return_inverse=True)
+        task_names = tuple(str(t) for t in task_names)
+    else:
+        task_names, task_id = (path.stem,), np.zeros(len(lines), dtype=np.int64)
+
+    keep = ~zero
+    order = np.flatnonzero(keep)
+    if arrival is not None:
+        order = order[np.argsort(arrival[order], kind="stable")]
+    if len(order) == 0:
+        raise TraceFormatError(path, int(lines[0]), names["decode"],
+                               "every row has 0 tokens; nothing left after dropping them")
+    if arrival is not None:
+        arrival = arrival[order] - arrival[order[0]]
+        arrival.setflags(write=False)
+    columns = [prompt[order], decode[order], np.asarray(task_id, np.int64)[order], lines[order]]
+    for c in columns:
+        c.setflags(write=False)
+    return TraceData(str(path), format, arrival, *columns[:3], task_names, columns[3],
+                     dropped_zero_rows=int(zero.sum()))

@@ -1,0 +1,164 @@
+"""Replay a request trace as episodes: windows of consecutive rows, or random rows of lengths.
+
+Timestamped traces (Azure, Mooncake, BurstGPT) keep their burstiness: an episode is ``n``
+consecutive rows replayed at their recorded times (divided by ``rate_scale``), starting at a
+random row (``start="random"``, from the rng) or the first (``"head"``); past the end the trace
+wraps around as a periodic extension (``arrivals.trace_window``). Given an arrival process
+instead, the window's lengths get synthetic arrival times. Length-only files have no order
+worth keeping: an episode draws ``n`` distinct rows at random (with ``start="head"``: the
+first ``n``), cycling through fresh permutations when ``n`` exceeds the file, and always needs
+an arrival process.
+
+Caps mirror the paper's filtering: rows whose prompt exceeds ``max_prompt_tokens`` or leaves no
+room in ``max_context_tokens`` are dropped before windowing (their arrival simply does not
+happen); decode is clipped to the context left after the prompt, as a server stops generating
+at its context limit.
+
+Parsing is cached per (file, size, mtime, format, zero policy) in-process, so resetting an
+environment never re-reads a 30k-row file.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .._validate import ConfigError, check_choice, check_int, check_range
+from .arrivals import START_CHOICES, ArrivalProcess, trace_window
+from .batch import RequestBatch
+from .trace_readers import TRACE_FORMATS, ZERO_TOKEN_POLICIES, TraceData, read_trace
+
+
+@lru_cache(maxsize=32)
+def _cached_read(path: str, size: int, mtime_ns: int, format: str,
+                 zero_tokens: str | None) -> TraceData:
+    return read_trace(path, format, zero_tokens)
+
+
+def load_trace(path: str | os.PathLike, format: str, zero_tokens: str | None = None) -> TraceData:
+    """``read_trace`` with an in-process cache keyed by the file's identity and contents' stamp."""
+    p = Path(path).expanduser().resolve()
+    if not p.is_file():
+        raise FileNotFoundError(f"trace file not found: {p}")
+    stat = p.stat()
+    return _cached_read(str(p), stat.st_size, stat.st_mtime_ns, format, zero_tokens)
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The trace rows left after the caps, as arrays ready for indexing."""
+
+    arrival_s: np.ndarray | None
+    prompt_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    task_id: np.ndarray
+    filtered_rows: int
+
+
+@dataclass(frozen=True)
+class TraceWorkload:
+    """Episodes drawn from a trace file (formats: ``trace_readers.TRACE_FORMATS``)."""
+
+    path: str
+    """The trace file."""
+    format: str
+    """One of azure, lengths, mooncake, burstgpt."""
+    rate_scale: float = 1.0
+    """Replay speed-up of recorded timestamps (2.0 = twice the rate); 1.0 with ``arrivals``."""
+    start: str = "random"
+    """First row of a window: "random" (from the rng) or "head" (row 0)."""
+    arrivals: ArrivalProcess | None = None
+    """Synthetic arrival process; None replays the trace's timestamps (required for lengths)."""
+    max_prompt_tokens: int | None = None
+    """Drop rows with longer prompts (None: no cap)."""
+    max_context_tokens: int | None = None
+    """Drop rows whose prompt fills it; clip decode to the rest (None: no cap)."""
+    zero_tokens: str | None = None
+    """Rows with 0 tokens: "error" or "drop"; None = the format's default (drop for burstgpt)."""
+    task_name: str | None = None
+    """Name of the single task of a one-application trace (default: the file's stem)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", str(self.path))
+        check_choice("format", self.format, TRACE_FORMATS)
+        check_range("rate_scale", self.rate_scale, 0.0, lo_open=True)
+        check_choice("start", self.start, START_CHOICES)
+        if self.zero_tokens is not None:
+            check_choice("zero_tokens", self.zero_tokens, ZERO_TOKEN_POLICIES)
+        if self.arrivals is not None and not hasattr(self.arrivals, "times_s"):
+            raise ConfigError(f"arrivals={self.arrivals!r} must be an arrival process with times_s")
+        if self.arrivals is not None and self.rate_scale != 1.0:
+            raise ConfigError("rate_scale applies to recorded timestamps; with arrivals=... "
+                              "set the process's rate instead (allowed: rate_scale=1.0)")
+        if self.max_prompt_tokens is not None:
+            check_int("max_prompt_tokens", self.max_prompt_tokens, 1)
+        if self.max_context_tokens is not None:
+            check_int("max_context_tokens", self.max_context_tokens, 2)
+        data = self.data  # parse now: a bad path or file fails at construction
+        if not data.has_timestamps and self.arrivals is None:
+            raise ConfigError(f"format={self.format!r} has no timestamps; pass arrivals=... "
+                              "(e.g. PoissonArrivals(20.0))")
+        if self.task_name is not None and len(data.task_names) != 1:
+            raise ConfigError(f"task_name applies to single-task traces; {self.path} has tasks "
+                              f"{', '.join(data.task_names)}")
+        if len(self._rows.prompt_tokens) == 0:
+            raise ConfigError(f"no rows of {self.path} fit max_prompt_tokens="
+                              f"{self.max_prompt_tokens} and max_context_tokens={self.max_context_tokens}")
+
+    @property
+    def data(self) -> TraceData:
+        """The parsed file (shared, read-only, cached per process)."""
+        return load_trace(self.path, self.format, self.zero_tokens)
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return (self.task_name,) if self.task_name is not None else self.data.task_names
+
+    @cached_property
+    def _rows(self) -> _Rows:
+        d = self.data
+        keep = np.ones(len(d), dtype=bool)
+        if self.max_prompt_tokens is not None:
+            keep &= d.prompt_tokens <= self.max_prompt_tokens
+        decode = d.decode_tokens
+        if self.max_context_tokens is not None:
+            keep &= d.prompt_tokens < self.max_context_tokens
+            decode = np.minimum(decode, self.max_context_tokens - d.prompt_tokens)
+        if keep.all():
+            return _Rows(d.arrival_s, d.prompt_tokens, decode, d.task_id, 0)
+        arrival = None if d.arrival_s is None else d.arrival_s[keep]
+        return _Rows(arrival, d.prompt_tokens[keep], decode[keep], d.task_id[keep],
+                     int((~keep).sum()))
+
+    def _length_rows(self, rng: np.random.Generator, n: int, num_rows: int) -> np.ndarray:
+        """Row indices for a length-only file: distinct random rows, or the head, cycling."""
+        if self.start == "head":
+            return np.arange(n, dtype=np.int64) % num_rows
+        if n <= num_rows:
+            return rng.choice(num_rows, size=n, replace=False).astype(np.int64)
+        cycles = -(-n // num_rows)
+        return np.concatenate([rng.permutation(num_rows) for _ in range(cycles)])[:n]
+
+    def sample(self, rng: np.random.Generator, num_requests: int) -> RequestBatch:
+        check_int("num_requests", num_requests, 0)
+        n = int(num_requests)
+        rows = self._rows
+        num_rows = len(rows.prompt_tokens)
+        if rows.arrival_s is not None:
+            idx, times = trace_window(rng, rows.arrival_s, n, self.start, self.rate_scale)
+        else:
+            idx, times = self._length_rows(rng, n, num_rows), None
+        if self.arrivals is not None:
+            times = self.arrivals.times_s(rng, n)
+        return RequestBatch.from_arrays(
+            times, rows.prompt_tokens[idx], rows.decode_tokens[idx], rows.task_id[idx],
+            self.task_names,
+            meta={"workload": "trace", "path": self.path, "format": self.format,
+                  "rate_scale": self.rate_scale, "first_row": int(idx[0]) if n else None,
+                  "wrapped": n > num_rows, "rows": num_rows,
+                  "filtered_rows": rows.filtered_rows,
+                  "dropped_zero_rows": self.data.dropped_zero_rows})
