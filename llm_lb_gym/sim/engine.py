@@ -53,7 +53,8 @@ class Engine:
         # Clock and KV state.
         self.t = 0.0            # the next iteration starts no earlier than this (end of the last)
         self.G = 0              # decode iterations run so far (lockstep counter)
-        self.used = 0           # KV blocks held
+        self.used = 0           # KV blocks held at decode iteration ``_used_G`` (synced lazily)
+        self._used_G = 0
         # Queues (request ids). Preempted requests go first, in preemption order.
         self.preempted_q: list[int] = []
         self.waiting_q: list[int] = []
@@ -99,7 +100,15 @@ class Engine:
 
     @property
     def free_blocks(self) -> int:
+        self._sync_used()
         return self.total_blocks - self.used
+
+    def _sync_used(self) -> None:
+        """Bring ``used`` to the current G: the running set is unchanged since ``_used_G``
+        (every membership change syncs first), so the per-phase counts give the demand."""
+        if self._used_G != self.G:
+            self.used += self._demand(self._used_G, self.G - self._used_G)
+            self._used_G = self.G
 
     def idle(self) -> bool:
         return not (self.B or self.prefilling or self.preempted_q or self.waiting_q)
@@ -193,6 +202,7 @@ class Engine:
         """Request ``rid`` has generated ``o`` tokens and decodes from iteration G on."""
         tb, G = self.table, self.G
         self._rebase_S()
+        self._sync_used()
         tb.status[rid] = Status.RUNNING
         tb.o_base[rid] = o
         tb.g_base[rid] = G
@@ -226,6 +236,7 @@ class Engine:
         """Remove ``rid`` from the running set at the current G; return its generated tokens."""
         tb, G = self.table, self.G
         self._rebase_S()
+        self._sync_used()
         o = tb.o_base[rid] + G - tb.g_base[rid]
         p = tb.prompt[rid]
         del self.running[rid]
@@ -309,6 +320,7 @@ class Engine:
         the token budget; with it (chunked prefill) admissions stop when the budget is spent.
         """
         tb, bs = self.table, self.bs
+        self._sync_used()
         free = self.total_blocks - self.used
         nseq = self.B + len(self.prefilling)
         tokens = 0
@@ -376,6 +388,7 @@ class Engine:
             self._start(r, s)
         end = s + self.c0 + self.cp * toks + self.ca * pairs
         self.t = end
+        self._plan_dirty = True   # the clock moved under any decode stretch
         self.n_iterations += 1
         self.n_prefill_iterations += 1
         for r in admitted:
@@ -386,6 +399,7 @@ class Engine:
     def _grow_blocks(self) -> None:
         """Give each running request that needs a block at this iteration one, preempting the
         most recently admitted running request while none is free."""
+        self._sync_used()
         ph = self.G % self.bs
         if not self.phase_cnt[ph]:
             return
@@ -433,8 +447,10 @@ class Engine:
             if done + c == L:
                 completed.append(r)
         new = self._select(budget) if budget > 0 and (self.preempted_q or self.waiting_q) else []
-        if not new and (self.preempted_q or self.waiting_q):
-            self._blocked = True   # until a completion or preemption frees room
+        if not new and not self.prefilling and (self.preempted_q or self.waiting_q):
+            # Nothing can be admitted until a completion or preemption frees room. (While
+            # prefills are in flight their chunks take budget, so admission is retried.)
+            self._blocked = True
         for r in new:
             self._start(r, s)
             L = tb.prompt[r] + tb.o_base[r]
@@ -454,8 +470,10 @@ class Engine:
             dur += self.cds * self.B + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
         self.t = s + dur
         self.n_iterations += 1
+        self._plan_dirty = True
         if self.B:
             self.G += 1
+            self._used_G = self.G   # this iteration's blocks were allocated explicitly
             self._end_decode()
         if completed:
             done_set = set(completed)
@@ -478,56 +496,72 @@ class Engine:
         return d
 
     def _plan(self) -> None:
-        """Next stop of the decode stretch: the first completion, or the first iteration whose
-        block demand exceeds the free blocks."""
+        """Start a decode stretch at the current (G, t): it runs until the first completion,
+        the first iteration whose block demand exceeds the free blocks, or (reference mode)
+        one iteration. Iteration j of the stretch starts at t0 + j a + c j (j - 1) / 2."""
         h, tb = self.fin_heap, self.table
         while h and (tb.admit_seq[h[0][2]] != h[0][1] or tb.status[h[0][2]] != Status.RUNNING):
             heapq.heappop(h)
+        G = self.G
         self._g_fin_end = h[0][0] + 1 if h else INF
+        self._sync_used()
         free, B, bs = self.total_blocks - self.used, self.B, self.bs
-        span = self._g_fin_end - self.G
+        span = self._g_fin_end - G
         if B * -(-span // bs) <= free:
             self._g_ex = INF
         else:
             cycles, r = divmod(free, B)
-            g = self.G + cycles * bs
+            g = G + cycles * bs
             cum, cnt = 0, self.phase_cnt
             for i in range(bs):
                 cum += cnt[(g + i) % bs]
                 if cum > r:
                     break
             self._g_ex = g + i
+        stop = min(self._g_fin_end, self._g_ex)
+        if not self.fast:
+            stop = min(stop, G + 1)
+        self._st_G0 = G
+        self._st_t0 = t0 = self.t
+        self._st_a = a = self.c0 + self.cds * B + self.cdc * (self.S_at + B * (G - self.G_S))
+        self._st_c = c = self.cdc * B
+        n = stop - G
+        self._st_n = n
+        # Start time of the stretch's last iteration: T beyond it lets the whole stretch run.
+        self._st_t_last = INF if n == INF else t0 + (n - 1) * a + c * (n - 1) * (n - 2) / 2
         self._plan_dirty = False
 
     def _decode(self, T: float) -> None:
         if self._plan_dirty:
             self._plan()
-        G = self.G
-        if G == self._g_ex:   # this iteration runs out of blocks: walk it explicitly
+        if self.G == self._g_ex:   # this iteration runs out of blocks: walk it explicitly
+            if self.chunked:   # preemption frees blocks that the same iteration may admit into
+                self._mixed_iteration()
+                return
             self._grow_blocks()
             if self.B:
+                G = self.G
                 self.t += self.c0 + self.cds * self.B + self.cdc * (self.S_at + self.B * (G - self.G_S))
-                self.G += 1
+                self.G = G + 1
+                self._used_G = self.G
                 self.n_iterations += 1
                 self._end_decode()
             self._plan_dirty = True
             if self.check:
                 self._check()
             return
-        stop = min(self._g_fin_end, self._g_ex) - G
-        if not self.fast:
-            stop = 1
-        B = self.B
-        a = self.c0 + self.cds * B + self.cdc * (self.S_at + B * (G - self.G_S))
-        c = self.cdc * B
-        t = self.t
-        k = stop
-        if T != INF and t + (k - 1) * a + c * (k - 1) * (k - 2) / 2 >= T:
-            k = self._iterations_before(t, a, c, T)
-        self.t = t + k * a + c * k * (k - 1) / 2
-        self.used += self._demand(G, k)
-        self.G = G + k
-        self.n_iterations += k
+        t0, a, c = self._st_t0, self._st_a, self._st_c
+        if T <= self._st_t_last:   # the stretch is cut by T: run what starts before T
+            k = self._iterations_before(t0, a, c, T)
+            self.n_iterations += self._st_G0 + k - self.G
+            self.G = self._st_G0 + k
+            self.t = t0 + k * a + c * k * (k - 1) / 2
+            return
+        n = self._st_n
+        self.n_iterations += self._st_G0 + n - self.G
+        self.G = self._st_G0 + n
+        self.t = t0 + n * a + c * n * (n - 1) / 2
+        self._plan_dirty = True
         if self.G == self._g_fin_end:
             self._end_decode()
         if self.check:
@@ -548,6 +582,7 @@ class Engine:
     # ------------------------------------------------------------- invariants
     def _check(self) -> None:
         """Recompute the aggregates from scratch and compare (tests only)."""
+        self._sync_used()
         tb, bs, G = self.table, self.bs, self.G
         held = 0
         S = 0

@@ -1,0 +1,138 @@
+"""Typed options of ``LLMCluster-v0``: everything ``gym.make`` accepts, validated.
+
+Nested options may be given as dataclasses or as plain dicts (what Hydra and ``gym.make``
+keywords produce); unknown keys raise an error listing the allowed ones, because a silently
+ignored typo in an experiment config produces wrong numbers that look right.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .._validate import ConfigError, check_choice, check_int, check_range, reject_unknown
+from ..sim.config import EngineConfig
+from .mixing import MixingParams
+
+GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
+
+
+def _build(cls, value, kind: str):
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        return cls()
+    if not isinstance(value, dict):
+        value = dict(value)   # OmegaConf DictConfig and other mappings
+    reject_unknown(kind, value, [f.name for f in fields(cls)])
+    return cls(**value)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """r_t = -sum_j (1/T_j)(1 - f_jt) + completion_reward * completions_t + w_k * h_t."""
+
+    mode: str = "workload_guided"
+    """Guidance: baseline (w = 0), workload_aware (w = guidance_scale), workload_guided
+    (w = guidance_scale * exp(-decay * k), k = training episodes so far)."""
+    completion_reward: float = 60.0
+    """r_w: reward per completed request (paper: 60)."""
+    guidance_scale: float = 1.0
+    """gamma: the guidance weight at episode 0 (and the constant weight of workload_aware)."""
+    decay: float = 0.5
+    """beta_d: per-episode decay of the guidance weight (paper: 0.5)."""
+    penalty_scale: float = 1.0
+    """Multiplier of the in-system penalty term."""
+    mixing: MixingParams = field(default_factory=MixingParams)
+
+    def __post_init__(self) -> None:
+        check_choice("reward.mode", self.mode, GUIDANCE_MODES)
+        check_range("reward.completion_reward", self.completion_reward, 0.0)
+        check_range("reward.guidance_scale", self.guidance_scale, 0.0)
+        check_range("reward.decay", self.decay, 0.0)
+        check_range("reward.penalty_scale", self.penalty_scale, 0.0)
+        object.__setattr__(self, "mixing", _build(MixingParams, self.mixing, "reward.mixing"))
+
+
+@dataclass(frozen=True)
+class ObsConfig:
+    """Observation layout options (see the env docstring for the index table)."""
+
+    prompt_edges_tokens: tuple[int, ...] = (256, 2048)
+    """Prompt buckets of the P matrix (paper's DQN: 0-256, 256-2048, >=2048)."""
+    decode_edges_tokens: tuple[int, ...] = (256, 2048)
+    """Predicted-decode buckets of the D matrix."""
+    queue_cap: int = 512
+    """Router queue length is capped here in the observation (paper: 4 x 128)."""
+    normalize: bool = True
+    """Scale features to about [0, 1] (counts / max_num_seqs, tokens / context length,
+    queue / queue_cap, times / time_scale_s); False gives the paper's raw values."""
+    time_scale_s: float = 10.0
+    round_decimals: int | None = None
+    """Round capacity and completion estimate (paper: 2); None keeps full precision."""
+    as_dict: bool = False
+    """A Dict observation space instead of the flat Box."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_edges_tokens", tuple(int(x) for x in self.prompt_edges_tokens))
+        object.__setattr__(self, "decode_edges_tokens", tuple(int(x) for x in self.decode_edges_tokens))
+        check_int("obs.queue_cap", self.queue_cap, 1)
+        check_range("obs.time_scale_s", self.time_scale_s, 0.0, lo_open=True)
+        if self.round_decimals is not None:
+            check_int("obs.round_decimals", self.round_decimals, 0, 12)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Every option of ``gym.make("LLMCluster-v0", **options)``. Defaults = the paper's main
+    setting: 4 x Llama-2-7B on V100, FCFS, no chunking, 128 seqs, five-task mix, Poisson
+    20 req/s, 2,000 requests, decisions every 0.02 s, workload-guided reward."""
+
+    num_instances: int = 4
+    num_requests: int = 2000
+    arrival_rate_rps: float | None = 20.0
+    """Poisson rate for workloads with synthetic arrivals; None keeps the workload's own."""
+    workload: Any = "task_mix"
+    """A workload name, a dict ``{name: ..., **options}``, or an object with ``sample``."""
+    engine: Any = None
+    """EngineConfig or its options as a dict (preset, scheduler, chunked_prefill, ...)."""
+    predictor: Any = "oracle"
+    """A predictor name, a dict ``{name: ..., **options}``, or a LengthPredictor."""
+    reward: Any = None
+    obs: Any = None
+    decision_interval_s: float = 0.02
+    """Time between router decisions (paper: 0.02 s, the minimum decode batch time)."""
+    one_action_per_interval: bool = False
+    """Paper-faithful timing: every action, routing included, advances one interval. Default:
+    routing keeps the clock so several queued requests can be routed at one decision time."""
+    fast: bool = True
+    """Closed-form decode stretches in the simulator (False: one iteration at a time)."""
+    check_invariants: bool = False
+    """Recompute simulator aggregates after every iteration and assert (slow; for tests)."""
+
+    def __post_init__(self) -> None:
+        check_int("num_instances", self.num_instances, 1)
+        check_int("num_requests", self.num_requests, 1)
+        if self.arrival_rate_rps is not None:
+            check_range("arrival_rate_rps", self.arrival_rate_rps, 0.0, lo_open=True)
+        check_range("decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
+        object.__setattr__(self, "engine", _build(EngineConfig, self.engine, "engine"))
+        object.__setattr__(self, "reward", _build(RewardConfig, self.reward, "reward"))
+        object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))
+
+    @staticmethod
+    def from_kwargs(**kwargs) -> "EnvConfig":
+        reject_unknown("LLMCluster-v0", kwargs, [f.name for f in fields(EnvConfig)])
+        return EnvConfig(**kwargs)
+
+
+def as_name_and_options(value, kind: str) -> tuple[str, dict]:
+    """'name' or {'name': ..., **options} -> (name, options)."""
+    if isinstance(value, str):
+        return value, {}
+    if value is not None and hasattr(value, "keys"):
+        opts = dict(value)
+        if "name" not in opts:
+            raise ConfigError(f"{kind} options need a 'name' key; got keys {sorted(opts)}")
+        return opts.pop("name"), opts
+    raise ConfigError(f"{kind}={value!r} must be a name, a dict with 'name', or an object")

@@ -1,0 +1,51 @@
+"""The reward's pieces: ideal completion times, the guidance weight schedule and term.
+
+    r_t = -penalty_scale * sum over the decision intervals elapsed in the step of
+              sum_j (1 / T_j) (1 - f_jt)                       (requests in the system)
+          + completion_reward * (requests completed in the step)
+          + w_k * h_t                                           (heuristic guidance)
+
+T_j is request j's ideal latency (alone on an idle instance, with its *predicted* decode
+length); f_jt = generated / predicted decode tokens, clipped to 1. Summing the in-system term
+over elapsed intervals makes the return independent of how many routing actions share one
+decision time, and makes a fast-forward over idle intervals pay exactly what deferring through
+them would. h_t = r_mix(chosen) - max_l r_mix(l) <= 0 for a routing action (0 for the instance
+the mixing estimator prefers, and for defer). w_k: 0 (baseline), guidance_scale
+(workload_aware), guidance_scale * exp(-decay * k) (workload_guided; k = training episodes so
+far, so the agent ends up optimising the true objective).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..sim.latency import LatencyModel
+from .config import RewardConfig
+from .mixing import mixing_scores
+
+
+def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decode_tokens: np.ndarray) -> np.ndarray:
+    """Vectorised ``LatencyModel.isolated_request_s`` with real-valued predicted decode tokens."""
+    p = np.asarray(prompt_tokens, np.float64)
+    k = np.maximum(np.asarray(pred_decode_tokens, np.float64) - 1.0, 0.0)
+    prefill = latency.base_s + latency.prefill_token_s * p + latency.prefill_attn_s * p * p
+    decode = k * (latency.base_s + latency.decode_seq_s) + latency.decode_ctx_s * (k * (p + 1) + k * (k - 1) / 2)
+    return prefill + decode
+
+
+def guidance_weight(cfg: RewardConfig, episode: int) -> float:
+    """w_k for training episode ``k``."""
+    if cfg.mode == "baseline":
+        return 0.0
+    if cfg.mode == "workload_aware":
+        return cfg.guidance_scale
+    return cfg.guidance_scale * math.exp(-cfg.decay * episode)
+
+
+def guidance_term(committed_tokens: list[float], prompt_tokens: int, pred_decode_tokens: float,
+                  chosen: int, cfg: RewardConfig) -> float:
+    """h = r_mix(chosen) - max_l r_mix(l) (<= 0)."""
+    scores = mixing_scores(committed_tokens, prompt_tokens, pred_decode_tokens, cfg.mixing)
+    return scores[chosen] - max(scores)

@@ -1,0 +1,119 @@
+"""The fast engine against the naive step-by-step reference, on random workloads.
+
+The fast engine advances decode stretches in closed form and keeps aggregates; the reference
+(``llm_lb_gym/sim/reference.py``) simulates one iteration at a time with per-request objects.
+Same contract (docs/simulator_semantics.md), independent code: the per-request timestamps must
+agree to floating-point tolerance, and the engine's own invariants hold after every iteration.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from llm_lb_gym.sim.cluster import Cluster
+from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
+from llm_lb_gym.sim.latency import LatencyModel
+from llm_lb_gym.sim.reference import RefRequest, simulate_reference
+from llm_lb_gym.sim.request import RequestTable, Status
+from llm_lb_gym.sim.simulate import simulate
+from llm_lb_gym.workload.batch import RequestBatch
+
+LAT = LatencyModel(base_s=0.01, prefill_token_s=2e-4, prefill_attn_s=1e-8, decode_seq_s=1e-4,
+                   decode_ctx_s=5e-7)
+
+
+def _workload(seed: int, n: int, rate: float, max_p: int, max_d: int):
+    rng = np.random.default_rng(seed)
+    arr = np.cumsum(rng.exponential(1.0 / rate, n))
+    p = rng.integers(1, max_p + 1, n)
+    d = rng.integers(1, max_d + 1, n)
+    pred = np.maximum(1.0, d * rng.uniform(0.5, 1.5, n))
+    return arr, p, d, pred
+
+
+def _run_both(cfg: EngineConfig, arr, p, d, pred, fast=True):
+    table = RequestTable(arr, p, d, pred)
+    batch = RequestBatch.from_arrays(arr, p, d)
+    cluster = simulate(batch, ClusterConfig(num_instances=1, engine=cfg, fast=fast), table=table,
+                       check=True)
+    ok = [i for i in range(len(arr)) if table.status[i] == Status.FINISHED]
+    reqs = [RefRequest(i, float(arr[i]), int(p[i]), int(d[i]), float(pred[i])) for i in ok]
+    ref, stats = simulate_reference(reqs, cfg, check=True)
+    return table, ok, ref, stats, cluster
+
+
+def _assert_same(table, ok, ref):
+    for i, r in zip(ok, ref):
+        assert r.rid == i
+        for name in ("first_scheduled_s", "first_token_s", "finish_s"):
+            got, want = getattr(table, name)[i], getattr(r, name)
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (name, i, got, want)
+        assert table.preemptions[i] == r.preemptions, i
+
+
+@settings(max_examples=int(__import__("os").environ.get("LLM_LB_GYM_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), scheduler=st.sampled_from(["fcfs", "least_work_left", "bin_packing"]),
+       chunked=st.booleans(), blocks=st.integers(12, 80), max_seqs=st.integers(1, 8),
+       budget=st.integers(8, 64), fast=st.booleans())
+def test_engine_matches_reference(seed, scheduler, chunked, blocks, max_seqs, budget, fast):
+    # Small KV caches and batch limits so preemption, watermark and budget paths all occur.
+    max_len = 120
+    cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
+                       max_num_batched_tokens=max(budget, max_seqs) if chunked else max_len,
+                       max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
+                       latency=LAT)
+    arr, p, d, pred = _workload(seed, 25, rate=20.0, max_p=60, max_d=60)
+    table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)
+    _assert_same(table, ok, ref)
+    assert cluster.done
+    assert sum(table.preemptions) == stats.preemptions
+
+
+def test_fast_and_step_modes_agree_under_heavy_load():
+    cfg = EngineConfig(num_kv_blocks=200, latency=LAT)
+    arr, p, d, pred = _workload(3, 300, rate=40.0, max_p=400, max_d=500)
+    tf, *_ = _run_both(cfg, arr, p, d, pred, fast=True)
+    ts, ok, ref, stats, _ = _run_both(cfg, arr, p, d, pred, fast=False)
+    assert stats.preemptions > 10   # the scenario really exercises preemption
+    for name in ("first_token_s", "finish_s"):
+        a, b = np.array(getattr(tf, name)), np.array(getattr(ts, name))
+        np.testing.assert_allclose(a, b, rtol=1e-9)
+    _assert_same(tf, ok, ref)
+
+
+def test_rejections_are_counted_with_reasons():
+    cfg = EngineConfig(num_kv_blocks=10, block_size=4, max_model_len=100, latency=LAT,
+                       max_num_batched_tokens=100)
+    arr = np.array([0.0, 0.1, 0.2, 0.3])
+    p = np.array([10, 90, 30, 5])
+    d = np.array([5, 20, 20, 5])   # 110 > max_model_len; 50 tokens > 9 usable blocks * 4
+    table = RequestTable(arr, p, d, d)
+    cluster = simulate(RequestBatch.from_arrays(arr, p, d), ClusterConfig(num_instances=2, engine=cfg),
+                       table=table)
+    assert table.reject_reason == [None, "exceeds_max_model_len", "exceeds_kv_capacity", None]
+    assert cluster.n_rejected == 2 and cluster.n_finished == 2 and cluster.done
+
+
+def test_clock_never_goes_backwards():
+    cfg = EngineConfig(latency=LAT)
+    table = RequestTable([0.0], [10], [5], [5])
+    cluster = Cluster(ClusterConfig(num_instances=1, engine=cfg), table)
+    cluster.advance_to(1.0)
+    with pytest.raises(ValueError, match="backwards"):
+        cluster.advance_to(0.5)
+
+
+def test_one_request_alone_matches_isolated_latency():
+    cfg = EngineConfig()   # the default V100 preset
+    lat = cfg.latency_model
+    table = RequestTable([0.0], [1000], [1000], [1000])
+    simulate(RequestBatch.from_arrays([0.0], [1000], [1000]), ClusterConfig(num_instances=1, engine=cfg),
+             table=table)
+    assert table.finish_s[0] == pytest.approx(lat.isolated_request_s(1000, 1000), rel=1e-12)
+    assert table.finish_s[0] == pytest.approx(17.0, rel=0.01)   # the paper's figure
+    assert math.isclose(table.first_token_s[0], lat.prefill_s(1000), rel_tol=1e-12)
