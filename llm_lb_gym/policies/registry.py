@@ -1,0 +1,39 @@
+"""Routers by name, built from plain keyword options (Hydra's ``conf/``, the evaluate script).
+
+``make_router("dedicated_small_large", heavy_share=0.25)`` builds the router's typed options
+from the keywords; a wrong name lists the valid names, a wrong keyword names itself and the
+router's valid options, and a bad value names the option and its allowed range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .._validate import lookup, reject_unknown
+from .base import RouterBase
+from .count_based import LeastRequests, PowerOfTwo, Random, RoundRobin
+from .kv_queue import KVQueueScorer
+from .max_capacity import MaxCapacity
+from .min_min import MinMin
+from .mixing_greedy import MixingGreedy
+from .token_load import DecodeBalancer, DedicatedSmallLarge, JoinShortestQueue
+
+_CLASSES: tuple[type[RouterBase], ...] = (
+    RoundRobin, Random, JoinShortestQueue, MaxCapacity, MinMin, DecodeBalancer,
+    DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer,
+)
+ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
+ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)
+"""Every router name, in the order of DESIGN.md section 6."""
+
+
+def router_options(name: str) -> tuple[str, ...]:
+    """The keyword options router ``name`` accepts."""
+    return tuple(f.name for f in fields(lookup("router", ROUTER_CLASSES, name).Options))
+
+
+def make_router(name: str, **options) -> RouterBase:
+    """A fresh router (call ``reset(rng, num_instances)`` before use)."""
+    cls = lookup("router", ROUTER_CLASSES, name)
+    reject_unknown(f"router {name!r}", options, (f.name for f in fields(cls.Options)))
+    return cls(cls.Options(**options))
