@@ -10,6 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
+
+from llm_lb_gym._validate import ConfigError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -205,7 +207,7 @@ def test_without_watermark_both_fit():
 def test_token_budget_limits_one_prefill_batch():
     # Budget 10 tokens: A (p=6) fits, B (p=6) would make 12. Both d=1.
     # s=0 prefill A: 1 + 6/8 = 1.75 -> 1.75 (finish); s=1.75 prefill B -> 3.5
-    cfg = engine(max_num_batched_tokens=10)
+    cfg = engine(max_num_batched_tokens=10, max_model_len=10)
     results, _ = simulate_reference([req(0, 0.0, 6, 1), req(1, 0.0, 6, 1)], cfg)
     assert_times(results, [(0.0, 1.75, 1.75, 0), (1.75, 3.5, 3.5, 0)])
 
@@ -220,9 +222,14 @@ def test_readmission_over_token_budget_is_reported_not_hung():
     # s=0     prefill A -> 1.5 (holds 1);  s=1.5 decode A (5 -> block 2) -> 2.75 (free 2)
     # s=2.75  prefill B (8 tokens, 2 blocks, free 0) -> 4.75 (B o=1)
     # s=4.75  decode: A (6) fits; B (9) needs block 3, none free -> B preempts itself, o=1.
-    # Its readmission prefill is p + o = 9 > 8 tokens: once A finishes, B can never run. The
-    # contract promises every non-rejected request finishes; the reference says so, not loops.
-    cfg = engine(num_kv_blocks=4, max_num_batched_tokens=8)
+    # Its readmission prefill is p + o = 9 > 8 tokens: once A finishes, B can never run.
+    # EngineConfig forbids this (budget < max_model_len without chunking, as vLLM v0 does), so
+    # the stuck state cannot be configured; the reference still reports it rather than looping
+    # when handed such a config directly.
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        engine(num_kv_blocks=4, max_num_batched_tokens=8)
+    cfg = engine(num_kv_blocks=4, max_num_batched_tokens=8, max_model_len=8)
+    object.__setattr__(cfg, "max_model_len", 64)   # bypass validation on purpose
     with pytest.raises(RuntimeError, match="stuck"):
         simulate_reference([req(0, 0.0, 4, 6), req(1, 2.0, 8, 3)], cfg)
 
