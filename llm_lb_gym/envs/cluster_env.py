@@ -86,31 +86,40 @@ class LLMClusterEnv(gym.Env):
             eng.total_blocks * eng.block_size)
         self.observation_space = self.obs_builder.space()
         self.action_space = spaces.Discrete(self.m + 1)
+        self._mask_all = np.ones(self.m + 1, dtype=bool)
+        self._mask_defer_only = np.zeros(self.m + 1, dtype=bool)
+        self._mask_defer_only[self.m] = True
         self.guidance_episode = 0
-        self._episodes_started = 0
+        self._episode_ended = False
         self._dt = cfg.decision_interval_s
         self.cluster: Cluster | None = None
         self.batch: RequestBatch | None = None
 
     # ------------------------------------------------------------------ API
     def set_guidance_episode(self, k: int) -> None:
-        """Set the annealing counter (training episodes so far, across all parallel envs)."""
+        """Set the annealing counter (training episodes so far, across all parallel envs); it
+        takes effect at the next reset."""
         self.guidance_episode = int(k)
+        self._episode_ended = False
+
+    set_training_episode = set_guidance_episode   # the name agents.callbacks calls
 
     def action_masks(self) -> np.ndarray:
-        mask = np.ones(self.m + 1, dtype=bool)
+        """Valid actions: routing needs a request in the router queue; defer is always valid."""
         if self.cluster is None or not self.cluster.queue:
-            mask[: self.m] = False
-        return mask
+            return self._mask_defer_only.copy()
+        return self._mask_all.copy()
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
         options = options or {}
         if "guidance_episode" in options:
             self.guidance_episode = int(options["guidance_episode"])
-        elif self._episodes_started:
+        elif self._episode_ended:
+            # k counts finished episodes, so resets without an episode in between (checkers,
+            # seeding) leave the reward unchanged; trainers with parallel envs set it instead.
             self.guidance_episode += 1
-        self._episodes_started += 1
+        self._episode_ended = False
         rng = self.np_random
         batch = options.get("batch") or self.workload.sample(rng, self.cfg.num_requests)
         self.batch = batch
@@ -165,6 +174,7 @@ class LLMClusterEnv(gym.Env):
         terminated = c.done
         info = self._info(penalty, completion, guidance)
         if terminated:
+            self._episode_ended = True
             info["metrics"] = self.metrics()
         return self.obs_builder.observe(c), float(reward), terminated, False, info
 
@@ -180,12 +190,10 @@ class LLMClusterEnv(gym.Env):
     def _tick(self) -> tuple[float, int]:
         """Advance one decision interval; return (in-system penalty at its end, completions)."""
         self._k += 1
-        c = self.cluster
-        c.advance_to(self._k * self._dt)
-        fin = c.n_finished
+        pen, fin = self.cluster.tick(self._k * self._dt)
         done = fin - self._finished_seen
         self._finished_seen = fin
-        return c.penalty(), done
+        return pen, done
 
     def _advance_until_decision(self) -> tuple[float, int]:
         """Fast-forward while the router queue is empty; drain the cluster after the last arrival."""

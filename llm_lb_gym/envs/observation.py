@@ -57,6 +57,13 @@ class ObservationBuilder:
             hi[o + self.n_p + self.n_d] = 1.0
             hi[o + self.n_p + self.n_d + 1] = np.float32(1e6) * self.s_time
         self.low, self.high = lo, hi
+        scale = np.ones(self.size, np.float32)
+        scale[:4] = (self.s_queue, self.s_tok, self.s_bucket, self.s_tok)
+        for i in range(self.m):
+            o = 4 + i * self.per
+            scale[o:o + self.n_p + self.n_d] = self.s_count
+            scale[o + self.n_p + self.n_d + 1] = self.s_time
+        self.scale = scale
         self.box = spaces.Box(lo, hi, dtype=np.float32)
 
     def space(self) -> spaces.Space:
@@ -82,33 +89,24 @@ class ObservationBuilder:
         """Build the observation from the cluster's O(1) aggregates."""
         tb = cluster.table
         q = cluster.queue
-        vals = [0.0] * self.size
-        vals[0] = min(len(q), self.cfg.queue_cap) * self.s_queue
         if q:
             h = q[0]
-            vals[1] = tb.prompt[h] * self.s_tok
-            vals[2] = tb.decode_bucket[h] * self.s_bucket
-            vals[3] = tb.pred[h] * self.s_tok
-        o = 4
-        sc, st, kv = self.s_count, self.s_time, self.kv_tokens
+            vals = [min(len(q), self.cfg.queue_cap), tb.prompt[h], tb.decode_bucket[h], tb.pred[h]]
+        else:
+            vals = [0, 0, 0, 0]
+        kv = self.kv_tokens
         rnd = self.round
         for e in cluster.engines:
-            for c in e.prompt_counts:
-                vals[o] = c * sc
-                o += 1
-            for c in e.decode_counts:
-                vals[o] = c * sc
-                o += 1
+            vals += e.prompt_counts
+            vals += e.decode_counts
             cap = 1.0 - e.committed_tokens / kv
-            cap = -1.0 if cap < -1.0 else cap
-            est = e.earliest_completion_s()
+            est = e.earliest_completion_s() if e.B else 0.0
             if rnd is not None:
                 cap, est = round(cap, rnd), round(est, rnd)
-            vals[o] = cap
-            vals[o + 1] = est * st
-            o += 2
+            vals.append(cap if cap > -1.0 else -1.0)
+            vals.append(est)
         flat = np.array(vals, dtype=np.float32)
-        np.clip(flat, self.low, self.high, out=flat)
+        flat *= self.scale
         if not self.cfg.as_dict:
             return flat
         return self.to_dict(flat)

@@ -58,7 +58,8 @@ class Cluster:
             self._arrive(self._next)
             self._next += 1
         for e in self.engines:
-            e.advance_to(T)
+            if e.t < T:
+                e.advance_to(T)
         self.t = T
 
     def _arrive(self, rid: int) -> None:
@@ -106,6 +107,17 @@ class Cluster:
         self.t = max([self.t] + [e.t for e in self.engines])
 
     # ---------------------------------------------------------------- views
+    def tick(self, T: float) -> tuple[float, int]:
+        """``advance_to(T)``, then (in-system penalty, requests finished so far): the env's
+        per-interval call, in one pass over the instances."""
+        self.advance_to(T)
+        pen = self.queue_penalty
+        fin = 0
+        for e in self.engines:
+            pen += e.penalty()
+            fin += e.n_finished
+        return pen, fin
+
     @property
     def n_finished(self) -> int:
         return sum(e.n_finished for e in self.engines)

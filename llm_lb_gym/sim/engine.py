@@ -128,6 +128,18 @@ class Engine:
 
     def advance_to(self, T: float) -> None:
         """Run every iteration that starts strictly before ``T``."""
+        if self.t >= T:
+            return
+        # Hot path (most calls from the env): inside a planned decode stretch that T cuts.
+        if (not self._plan_dirty and T <= self._st_t_last and self.G != self._g_ex
+                and not self.prefilling and (self._blocked or not (self.preempted_q or self.waiting_q))):
+            t0, a, c = self._st_t0, self._st_a, self._st_c
+            k = self._iterations_before(t0, a, c, T)
+            G = self._st_G0 + k
+            self.n_iterations += G - self.G
+            self.G = G
+            self.t = t0 + k * a + c * k * (k - 1) / 2
+            return
         while self.t < T:
             if self.chunked:
                 if self.prefilling or ((self.preempted_q or self.waiting_q) and not self._blocked):
@@ -151,7 +163,9 @@ class Engine:
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
         """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1))."""
-        self._pop_saturated()
+        h = self.sat_heap
+        if h and h[0][0] <= self.G:
+            self._pop_saturated()
         run = self.pA1 - self.pA2 - self.G * self.pA3
         return self.pen_static + (run if run > 0.0 else 0.0)
 
@@ -572,7 +586,7 @@ class Engine:
         """Number of iterations j >= 0 with start t + j a + c j (j-1)/2 < T (at least 1)."""
         D = T - t
         b = a - c / 2
-        k = math.ceil(2 * D / (b + math.sqrt(b * b + 2 * c * D)))
+        k = math.ceil(2 * D / (b + (b * b + 2 * c * D) ** 0.5))
         while k > 1 and t + (k - 1) * a + c * (k - 1) * (k - 2) / 2 >= T:
             k -= 1
         while t + k * a + c * k * (k - 1) / 2 < T:
