@@ -143,20 +143,26 @@ class LLMClusterEnv(gym.Env):
         return self.obs_builder.observe(self.cluster), info
 
     def step(self, action):
-        c = self.cluster
-        if c is None:
-            raise RuntimeError("step() before reset()")
         a = int(action)
         if not 0 <= a <= self.m:
             raise ValueError(f"action {action!r} out of range; allowed: 0..{self.m}")
+        return self.route_step(a, 0)
+
+    def route_step(self, instance: int, position: int = 0):
+        """``step`` generalised for routers that reorder the queue (Min-Min): route the request
+        at router-queue ``position`` to ``instance`` (``instance == m`` defers)."""
+        c = self.cluster
+        if c is None:
+            raise RuntimeError("step() before reset()")
+        a = instance
         h = 0.0
         routed = False
         if a < self.m and c.queue:
+            rid = c.queue[position]
             if self._w:
-                head = c.queue[0]
-                h = guidance_term([e.committed_tokens for e in c.engines], c.table.prompt[head],
-                                  c.table.pred[head], a, self.cfg.reward)
-            c.route(a)
+                h = guidance_term([e.committed_tokens for e in c.engines], c.table.prompt[rid],
+                                  c.table.pred[rid], a, self.cfg.reward)
+            c.route(a, position)
             routed = True
         pen = comp = 0.0
         if not routed or self.cfg.one_action_per_interval:

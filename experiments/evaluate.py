@@ -1,0 +1,146 @@
+"""Compare routers (heuristics and trained agents) on identical seeded episodes.
+
+    python -m experiments.evaluate                       # all eleven heuristics, default env
+    python -m experiments.evaluate episodes=20 env.arrival_rate_rps=40
+    python -m experiments.evaluate experiment=paper_v100 'agents={wg_rl: {kind: double_dqn, path: runs/x/model.zip}}'
+
+Writes ``results.csv`` (one row per policy and episode), ``summary.md`` (the table printed at
+the end) and ``latency_cdf.png`` in the run directory, with the resolved config and command.
+Episode ``i`` uses seed ``seed + i`` for every policy, so all see the same requests and
+predictions; the % change of mean E2E vs the baseline is paired per episode, with a 95%
+Student-t confidence interval over episodes.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+
+from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+
+TABLE_COLUMNS = (
+    ("mean_e2e_s", "mean E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"), ("mean_ttft_s", "mean TTFT (s)"),
+    ("p99_ttft_s", "p99 TTFT (s)"), ("mean_tbt_s", "mean TBT (s)"), ("p99_tbt_s", "p99 TBT (s)"),
+    ("preemptions", "preemptions"), ("mean_router_wait_s", "router wait (s)"),
+)
+
+
+def paired_change(values: np.ndarray, base: np.ndarray) -> tuple[float, float]:
+    """Mean % change of ``values`` vs ``base`` over paired episodes and its 95% CI half-width."""
+    from scipy import stats
+
+    pct = 100.0 * (values - base) / base
+    if len(pct) < 2:
+        return float(pct.mean()), math.nan
+    half = stats.t.ppf(0.975, len(pct) - 1) * pct.std(ddof=1) / math.sqrt(len(pct))
+    return float(pct.mean()), float(half)
+
+
+def summarize(rows: list[dict], baseline: str) -> str:
+    """The markdown table: per policy, means over episodes and the % change of mean E2E."""
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
+    base = np.array([r["mean_e2e_s"] for r in by[baseline]]) if baseline in by else None
+    head = "| policy | " + " | ".join(t for _, t in TABLE_COLUMNS) + f" | mean E2E vs {baseline} (95% CI) |"
+    lines = [head, "|" + "---|" * (len(TABLE_COLUMNS) + 2)]
+    for p in policies:
+        cells = [f"{np.mean([r[k] for r in by[p]]):.3f}" if k != "preemptions"
+                 else f"{np.mean([r[k] for r in by[p]]):.1f}" for k, _ in TABLE_COLUMNS]
+        if base is not None and len(by[p]) == len(base):
+            mean, half = paired_change(np.array([r["mean_e2e_s"] for r in by[p]]), base)
+            change = f"{mean:+.2f}% ± {half:.2f}" if not math.isnan(half) else f"{mean:+.2f}%"
+        else:
+            change = "n/a"
+        lines.append(f"| {p} | " + " | ".join(cells) + f" | {change} |")
+    return "\n".join(lines)
+
+
+def plot_cdf(e2e: dict[str, np.ndarray], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, x in e2e.items():
+        x = np.sort(x)
+        ax.plot(x, np.arange(1, len(x) + 1) / len(x), label=name, lw=1.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("end-to-end latency (s)")
+    ax.set_ylabel("CDF over requests")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def evaluate(cfg) -> dict:
+    """Run every policy on the same seeded episodes; returns rows, table and output dir."""
+    import gymnasium as gym
+    import torch
+
+    import llm_lb_gym  # noqa: F401
+    from llm_lb_gym.envs.rollout import make_env_router, rollout_agent, rollout_router
+
+    torch.set_num_threads(1)
+    out = run_dir(cfg)
+    write_run_record(out, cfg)
+    kw = env_kwargs(cfg)
+    kw["reward"] = {**(kw.get("reward") or {}), "mode": "baseline"}   # evaluate without guidance
+    env = gym.make("LLMCluster-v0", **kw)
+    seeds = [int(cfg.seed) + i for i in range(int(cfg.episodes))]
+    rows, e2e, t_start = [], {}, time.perf_counter()
+    deciders = [(name, "router", None) for name in cfg.policies]
+    for name, spec in (to_container(cfg.get("agents")) or {}).items():
+        deciders.append((name, "agent", spec))
+    for name, kind, spec in deciders:
+        if kind == "router":
+            router = make_env_router(name, env.unwrapped, **(to_container(cfg.get("policy_options", {})).get(name, {}) if cfg.get("policy_options") else {}))
+            run = lambda s: rollout_router(env, router, s)  # noqa: E731
+        else:
+            from agents.factory import load_agent
+
+            agent = load_agent(spec["kind"], spec["path"], env=env)
+            run = lambda s: rollout_agent(env, agent, s)  # noqa: E731
+        lat = []
+        for s in seeds:
+            res = run(s)
+            rows.append({"policy": name, "seed": s, **res.metrics, "episode_return": res.episode_return,
+                         "steps": res.steps})
+            lat.append(res.latencies["e2e_s"])
+        e2e[name] = np.concatenate(lat)
+        print(f"  {name}: mean E2E {np.mean([r['mean_e2e_s'] for r in rows if r['policy'] == name]):.3f} s",
+              flush=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    table = summarize(rows, cfg.baseline)
+    wall = time.perf_counter() - t_start
+    header = (f"{len(seeds)} episodes x {kw.get('num_requests')} requests, seeds {seeds[0]}..{seeds[-1]}, "
+              f"{kw.get('num_instances')} instances, {kw.get('engine', {}).get('preset')}, "
+              f"workload {kw.get('workload', {}).get('name')}, {kw.get('arrival_rate_rps')} req/s; "
+              f"wall {wall:.1f} s")
+    (out / "summary.md").write_text(header + "\n\n" + table + "\n")
+    if cfg.get("plot", True):
+        plot_cdf(e2e, out / "latency_cdf.png")
+    print(header)
+    print(table)
+    print(f"results: {out}")
+    return {"rows": rows, "table": table, "out": out}
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
+def main(cfg) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()
