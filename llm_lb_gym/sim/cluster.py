@@ -110,13 +110,20 @@ class Cluster:
     def tick(self, T: float) -> tuple[float, int]:
         """``advance_to(T)``, then (in-system penalty, requests finished so far): the env's
         per-interval call, in one pass over the instances."""
-        self.advance_to(T)
-        pen = self.queue_penalty
+        if T < self.t:
+            raise ValueError(f"time cannot go backwards: {T} < {self.t}")
+        tb = self.table
+        if self._next < tb.n and tb.arrival_s[self._next] <= T:
+            self.advance_to(T)
+        pen = 0.0
         fin = 0
         for e in self.engines:
+            if e.t < T:
+                e.advance_to(T)
             pen += e.penalty()
             fin += e.n_finished
-        return pen, fin
+        self.t = T
+        return pen + self.queue_penalty, fin
 
     @property
     def n_finished(self) -> int:

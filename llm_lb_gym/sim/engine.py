@@ -134,11 +134,19 @@ class Engine:
         if (not self._plan_dirty and T <= self._st_t_last and self.G != self._g_ex
                 and not self.prefilling and (self._blocked or not (self.preempted_q or self.waiting_q))):
             t0, a, c = self._st_t0, self._st_a, self._st_c
-            k = self._iterations_before(t0, a, c, T)
-            G = self._st_G0 + k
-            self.n_iterations += G - self.G
-            self.G = G
-            self.t = t0 + k * a + c * k * (k - 1) / 2
+            G0 = self._st_G0
+            if T - self.t > 8.0 * a:
+                k = self._iterations_before(t0, a, c, T)
+                t = t0 + k * a + c * k * (k - 1) / 2
+            else:   # a few iterations: step k up (same closed form, so same numbers)
+                k = self.G - G0 + 1
+                t = t0 + k * a + c * k * (k - 1) / 2
+                while t < T:
+                    k += 1
+                    t = t0 + k * a + c * k * (k - 1) / 2
+            self.n_iterations += G0 + k - self.G
+            self.G = G0 + k
+            self.t = t
             return
         while self.t < T:
             if self.chunked:
