@@ -55,6 +55,7 @@ class Engine:
         self.G = 0              # decode iterations run so far (lockstep counter)
         self.used = 0           # KV blocks held at decode iteration ``_used_G`` (synced lazily)
         self._used_G = 0
+        self.peak_used = 0      # most KV blocks held at once (after each allocation)
         # Queues (request ids). Preempted requests go first, in preemption order.
         self.preempted_q: list[int] = []
         self.waiting_q: list[int] = []
@@ -109,6 +110,8 @@ class Engine:
         if self._used_G != self.G:
             self.used += self._demand(self._used_G, self.G - self._used_G)
             self._used_G = self.G
+            if self.used > self.peak_used:
+                self.peak_used = self.used
 
     def idle(self) -> bool:
         return not (self.B or self.prefilling or self.preempted_q or self.waiting_q)
@@ -364,6 +367,8 @@ class Engine:
                 break
         if out:
             self.used += sum(-(-(tb.prompt[r] + tb.o_base[r]) // bs) for r in out)
+            if self.used > self.peak_used:
+                self.peak_used = self.used
             self._remove_waiting(out)
         return out
 
@@ -437,6 +442,8 @@ class Engine:
             if r in self.running:
                 self.used += 1
         assert self.used <= self.total_blocks, "KV blocks over capacity"
+        if self.used > self.peak_used:
+            self.peak_used = self.used
 
     def _end_decode(self) -> None:
         """Finish the requests whose last token came from the iterations just run."""
