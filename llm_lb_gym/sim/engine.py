@@ -88,6 +88,10 @@ class Engine:
         self.wA1 = self.wA2 = 0.0
         self.wA3 = 0                 # running predicted decode left: wA1 - wA2 - G wA3
         self.sat_heap: list[tuple[int, int, int]] = []   # (G at which o >= pred, admit seq, rid)
+        self._version = 0            # bumped by every membership change (penalty cache key)
+        self._pen_G = -1
+        self._pen_version = -1
+        self._pen_value = 0.0
         self.n_sat_running = 0
 
     # ------------------------------------------------------------------ public API
@@ -173,12 +177,19 @@ class Engine:
 
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
-        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1))."""
+        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1)).
+
+        Cached per (G, membership version): between iterations it cannot change."""
+        G = self.G
+        if G == self._pen_G and self._version == self._pen_version:
+            return self._pen_value
         h = self.sat_heap
-        if h and h[0][0] <= self.G:
+        if h and h[0][0] <= G:
             self._pop_saturated()
-        run = self.pA1 - self.pA2 - self.G * self.pA3
-        return self.pen_static + (run if run > 0.0 else 0.0)
+        run = self.pA1 - self.pA2 - G * self.pA3
+        value = self.pen_static + (run if run > 0.0 else 0.0)
+        self._pen_G, self._pen_version, self._pen_value = G, self._version, value
+        return value
 
     def decode_tokens_left(self) -> float:
         """Predicted decode tokens still to generate (clipped at 0 per request)."""
@@ -204,6 +215,7 @@ class Engine:
     # ------------------------------------------------------------ state changes
     def _enter_prompt_phase(self, rid: int) -> None:
         tb = self.table
+        self._version += 1
         self.prompt_counts[tb.prompt_bucket[rid]] += 1
         o, pred = tb.o_base[rid], tb.pred[rid]
         self.pending_prefill_tokens += tb.prompt[rid] + o
@@ -213,6 +225,7 @@ class Engine:
 
     def _leave_prompt_phase(self, rid: int) -> None:
         tb = self.table
+        self._version += 1
         self.prompt_counts[tb.prompt_bucket[rid]] -= 1
         o, pred = tb.o_base[rid], tb.pred[rid]
         f = o / pred
@@ -228,6 +241,7 @@ class Engine:
         tb, G = self.table, self.G
         self._rebase_S()
         self._sync_used()
+        self._version += 1
         tb.status[rid] = Status.RUNNING
         tb.o_base[rid] = o
         tb.g_base[rid] = G
@@ -262,6 +276,7 @@ class Engine:
         tb, G = self.table, self.G
         self._rebase_S()
         self._sync_used()
+        self._version += 1
         o = tb.o_base[rid] + G - tb.g_base[rid]
         p = tb.prompt[rid]
         del self.running[rid]
