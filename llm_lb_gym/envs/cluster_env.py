@@ -92,6 +92,7 @@ class LLMClusterEnv(gym.Env):
         self.guidance_episode = 0
         self._episode_ended = False
         self._dt = cfg.decision_interval_s
+        self._batched_grid = True
         self.cluster: Cluster | None = None
         self.batch: RequestBatch | None = None
 
@@ -137,6 +138,7 @@ class LLMClusterEnv(gym.Env):
         self._k = 0                      # decision intervals elapsed: time = k * dt
         self._w = guidance_weight(self.cfg.reward, self.guidance_episode)
         self._finished_seen = 0
+        self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp = self._advance_until_decision()
         info = self._info(-pen, comp, 0.0)
         info["metrics"] = None
@@ -202,26 +204,50 @@ class LLMClusterEnv(gym.Env):
         return pen, done
 
     def _advance_until_decision(self) -> tuple[float, int]:
-        """Fast-forward while the router queue is empty; drain the cluster after the last arrival."""
+        """Fast-forward while the router queue is empty; drain the cluster after the last arrival.
+
+        Equivalent to one ``_tick`` per decision interval (``_batched_grid=False`` does exactly
+        that; a test holds the two equal), but each instance sums its own penalties over the
+        skipped grid points in one call.
+        """
         c = self.cluster
         pen = 0.0
         comp = 0
+        if not self._batched_grid:
+            while not c.queue:
+                if c.all_arrived:
+                    if c.done:
+                        break
+                else:
+                    nxt = c.next_arrival_s
+                    if all(e.idle() for e in c.engines):
+                        k = max(self._k, math.ceil(nxt / self._dt) - 1)
+                        if k > self._k:
+                            self._k = k
+                            c.advance_to(k * self._dt)
+                p, n = self._tick()
+                pen += p
+                comp += n
+            return pen, comp
+        dt = self._dt
         while not c.queue:
             if c.all_arrived:
-                if c.done:
-                    break
-                p, n = self._tick()
-            else:
-                # Jump straight to the interval before the next arrival when nothing runs.
-                nxt = c.next_arrival_s
-                if all(e.idle() for e in c.engines):
-                    k = max(self._k, math.ceil(nxt / self._dt) - 1)
-                    if k > self._k:
-                        self._k = k
-                        c.advance_to(k * self._dt)
-                p, n = self._tick()
+                if not c.done:
+                    p, self._k, n = c.run_grid(self._k, dt, None)
+                    pen += p
+                    comp += n
+                    self._finished_seen += n
+                break
+            nxt = c.next_arrival_s
+            k1 = max(self._k + 1, math.ceil(nxt / dt))
+            while k1 * dt < nxt:
+                k1 += 1
+            while k1 - 1 > self._k and (k1 - 1) * dt >= nxt:
+                k1 -= 1
+            p, self._k, n = c.run_grid(self._k, dt, k1)
             pen += p
             comp += n
+            self._finished_seen += n
         return pen, comp
 
     def _info(self, penalty: float, completion: float, guidance: float) -> dict:

@@ -175,6 +175,35 @@ class Engine:
                 return
             self._decode(T)
 
+    def grid_penalty(self, k0: int, dt: float, k1: int) -> float:
+        """Sum of ``penalty()`` at the grid points (k0+1)dt .. k1 dt, advancing to each: what a
+        tick-by-tick loop computes, without its per-tick call overhead (the env's fast-forward)."""
+        if self.idle():
+            return 0.0
+        total = 0.0
+        for j in range(k0 + 1, k1 + 1):
+            T = j * dt
+            if self.t < T:
+                self.advance_to(T)
+            elif self.G == self._pen_G and self._version == self._pen_version:
+                total += self._pen_value
+                continue
+            total += self.penalty()
+        return total
+
+    def grid_penalty_until_idle(self, k0: int, dt: float) -> tuple[float, int]:
+        """Like ``grid_penalty`` from (k0+1)dt on, until the instance is idle after a grid
+        point; returns (sum, index of that grid point) (k0 if idle already)."""
+        total = 0.0
+        j = k0
+        while not self.idle():
+            j += 1
+            T = j * dt
+            if self.t < T:
+                self.advance_to(T)
+            total += self.penalty()
+        return total, j
+
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
         """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1)).
