@@ -177,18 +177,43 @@ class Engine:
 
     def grid_penalty(self, k0: int, dt: float, k1: int) -> float:
         """Sum of ``penalty()`` at the grid points (k0+1)dt .. k1 dt, advancing to each: what a
-        tick-by-tick loop computes, without its per-tick call overhead (the env's fast-forward)."""
+        tick-by-tick loop computes, without its per-tick call overhead (the env's fast-forward).
+        Inside a planned decode stretch the iteration count is stepped inline."""
         if self.idle():
             return 0.0
         total = 0.0
-        for j in range(k0 + 1, k1 + 1):
+        j = k0 + 1
+        while j <= k1:
+            if (not self._plan_dirty and self.G != self._g_ex and not self.prefilling
+                    and (self._blocked or not (self.preempted_q or self.waiting_q))):
+                # Inline the decode-stretch fast path of advance_to for as long as it holds.
+                t0, a, c, G0, t_last = self._st_t0, self._st_a, self._st_c, self._st_G0, self._st_t_last
+                k = self.G - G0
+                t = self.t
+                while j <= k1:
+                    T = j * dt
+                    if T > t_last:
+                        break
+                    if t < T:
+                        k += 1
+                        t = t0 + k * a + c * k * (k - 1) / 2
+                        while t < T:
+                            k += 1
+                            t = t0 + k * a + c * k * (k - 1) / 2
+                        self.n_iterations += G0 + k - self.G
+                        self.G = G0 + k
+                        self.t = t
+                        total += self.penalty()
+                    else:
+                        total += self.penalty()
+                    j += 1
+                if j > k1:
+                    break
             T = j * dt
             if self.t < T:
                 self.advance_to(T)
-            elif self.G == self._pen_G and self._version == self._pen_version:
-                total += self._pen_value
-                continue
             total += self.penalty()
+            j += 1
         return total
 
     def grid_penalty_until_idle(self, k0: int, dt: float) -> tuple[float, int]:
