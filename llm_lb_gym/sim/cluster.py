@@ -143,10 +143,12 @@ class Cluster:
             T = k_end * dt
         else:
             assert k1 > k0 and (self._next >= self.table.n or self.table.arrival_s[self._next] > (k1 - 1) * dt)
-            total = sum(e.grid_penalty(k0, dt, k1 - 1) for e in self.engines)
+            total = 0.0
+            for e in self.engines:
+                total += e.grid_penalty(k0, dt, k1)
             T = k1 * dt
-            pen, _ = self.tick(T)   # the last point takes the arrivals: full tick semantics
-            total += pen
+            self.advance_to(T)     # the last point takes the arrivals (instances are there already)
+            total += self.queue_penalty
             k_end = k1
         if T > self.t:
             self.advance_to(T)
