@@ -80,8 +80,11 @@ def plot_cdf(e2e: dict[str, np.ndarray], path: Path) -> None:
     plt.close(fig)
 
 
-def evaluate(cfg) -> dict:
-    """Run every policy on the same seeded episodes; returns rows, table and output dir."""
+def evaluate(cfg, out: Path | None = None) -> dict:
+    """Run every policy on the same seeded episodes; returns rows, table and output dir.
+
+    ``out``: where to write (default: the Hydra run directory); ``experiments.train`` passes a
+    subfolder so the evaluation's record does not overwrite the training run's."""
     import gymnasium as gym
     import torch
 
@@ -89,7 +92,7 @@ def evaluate(cfg) -> dict:
     from llm_lb_gym.envs.rollout import make_env_router, rollout_agent, rollout_router
 
     torch.set_num_threads(1)
-    out = run_dir(cfg)
+    out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     kw = env_kwargs(cfg)
     kw["reward"] = {**(kw.get("reward") or {}), "mode": "baseline"}   # evaluate without guidance

@@ -1,0 +1,135 @@
+"""Where does routing matter? Heuristics vs round robin across load factors.
+
+    python -m experiments.load_sweep                                   # default env (4x V100)
+    python -m experiments.load_sweep load_factors=[0.5,1,2] episodes=3 engine=a100_llama3
+
+Load factor = offered arrival rate / service capacity. The capacity ``mu`` is measured, not
+assumed: round robin on an episode whose requests all arrive at once (``capacity_rate_rps``),
+throughput over the middle of the run (completions between the 10th and 90th percentile of
+finish times), so the ramp-up and the drain tail, where instances idle, do not count. For each
+factor ``f`` the sweep runs ``experiments.evaluate`` at ``arrival_rate_rps = f * mu`` (its own
+subfolder ``load_<f>``) and writes ``load_sweep.md``: round robin's mean E2E and preemptions,
+and every policy's paired % change of mean E2E vs round robin with its 95% CI.
+
+Only workloads with synthetic arrivals (the task mix, length-only traces) take an arrival
+rate; a timestamped trace is scaled with its ``workload.rate_scale`` instead and is rejected here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import OmegaConf
+
+from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+
+CAPACITY_QUANTILES = (0.1, 0.9)
+
+
+def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
+    """Steady-state service capacity (requests/s) of round robin on the env ``kw``.
+
+    All requests arrive within ``num_requests / rate_rps`` seconds (a timestamped trace is
+    replayed ``rate_scale`` = 1e4 times faster instead), so every instance is saturated; the rate
+    is the completions between the two ``CAPACITY_QUANTILES`` of finish time divided by the time
+    between them.
+    """
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+    from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+    from llm_lb_gym.sim.request import Status
+
+    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS
+
+    kw = {**kw, "arrival_rate_rps": rate_rps, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}
+    workload = dict(kw.get("workload") or {})
+    if workload.get("name") not in SYNTHETIC_ARRIVALS and workload.get("format") != "lengths":
+        kw["workload"] = {**workload, "rate_scale": 1.0e4}
+    env = gym.make("LLMCluster-v0", **kw)
+    rollout_router(env, make_env_router("round_robin", env.unwrapped), seed)
+    table = env.unwrapped.cluster.table
+    finish = np.sort(table.column("finish_s")[table.column("status") == Status.FINISHED])
+    lo, hi = (int(q * (len(finish) - 1)) for q in CAPACITY_QUANTILES)
+    return float((hi - lo) / (finish[hi] - finish[lo]))
+
+
+def offered_load(rate_rps: float, capacity: float) -> float:
+    return rate_rps / capacity
+
+
+def _sweep_table(results: list[tuple[float, float, dict]], baseline: str) -> str:
+    """One row per load factor: baseline's latency and each policy's % change with CI."""
+    from experiments.evaluate import paired_change
+
+    policies = list(dict.fromkeys(r["policy"] for _, _, ev in results for r in ev["rows"]))
+    head = (f"| load factor | arrival rate (req/s) | {baseline} mean E2E (s) | {baseline} preemptions | "
+            + " | ".join(p for p in policies if p != baseline) + " | best |")
+    lines = [head, "|" + "---|" * (len(policies) + 4)]
+    for factor, rate, ev in results:
+        by = {p: sorted((r for r in ev["rows"] if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
+        base = np.array([r["mean_e2e_s"] for r in by[baseline]])
+        cells, best = [], (baseline, 0.0)
+        for p in policies:
+            if p == baseline:
+                continue
+            mean, half = paired_change(np.array([r["mean_e2e_s"] for r in by[p]]), base)
+            cells.append(f"{mean:+.1f}" + ("" if math.isnan(half) else f" ± {half:.1f}"))
+            if mean < best[1]:
+                best = (p, mean)
+        pre = np.mean([r["preemptions"] for r in by[baseline]])
+        lines.append(f"| {factor:g} | {rate:.1f} | {base.mean():.2f} | {pre:.0f} | " + " | ".join(cells)
+                     + f" | {best[0]} ({best[1]:+.1f}%) |")
+    return "\n".join(lines)
+
+
+def load_sweep(cfg, out: Path | None = None) -> dict:
+    """Measure capacity, evaluate ``cfg.policies`` at each load factor; returns the table."""
+    import torch
+
+    from experiments.evaluate import evaluate
+    from llm_lb_gym._validate import ConfigError
+    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS
+
+    torch.set_num_threads(1)
+    out = Path(out) if out is not None else run_dir(cfg)
+    write_run_record(out, cfg)
+    kw = env_kwargs(cfg)
+    wname = kw["workload"].get("name")
+    if wname not in SYNTHETIC_ARRIVALS and kw["workload"].get("format") != "lengths":
+        raise ConfigError(f"workload {wname!r} has its own timestamps; load_sweep needs one of "
+                          f"{', '.join(SYNTHETIC_ARRIVALS)} (scale a trace with workload.rate_scale)")
+    if cfg.baseline not in cfg.policies:
+        raise ConfigError(f"baseline={cfg.baseline!r} must be one of policies={list(cfg.policies)}")
+    t0 = time.perf_counter()
+    mu = capacity_rps(kw, int(cfg.seed))
+    print(f"service capacity (round robin, saturated): {mu:.2f} req/s", flush=True)
+    results = []
+    for factor in cfg.load_factors:
+        rate = float(factor) * mu
+        ev_cfg = OmegaConf.create({**to_container(cfg), "env": {**to_container(cfg.env), "arrival_rate_rps": rate}})
+        ev = evaluate(ev_cfg, out=out / f"load_{float(factor):g}")
+        results.append((float(factor), rate, ev))
+    table = _sweep_table(results, cfg.baseline)
+    wall = time.perf_counter() - t0
+    header = (f"capacity {mu:.2f} req/s ({kw['num_instances']} instances, {kw['engine'].get('preset')}, "
+              f"workload {wname}, {kw['num_requests']} requests); {cfg.episodes} episodes per load, "
+              f"seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1}; cells: % change of mean E2E vs "
+              f"{cfg.baseline} (95% CI); wall {wall:.0f} s")
+    (out / "load_sweep.md").write_text(header + "\n\n" + table + "\n")
+    print(header)
+    print(table)
+    return {"capacity_rps": mu, "table": table, "results": results, "out": out}
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="load_sweep")
+def main(cfg) -> None:
+    load_sweep(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+"""The paper's result tables on this simulator, beside the paper's numbers.
+
+    python -m experiments.reproduce                                  # paper_v100, three variants
+    python -m experiments.reproduce 'settings=[paper_v100,paper_v100_kv_limited]'
+    python -m experiments.reproduce train_episodes=60 eval_episodes=20 agent=double_dqn
+    python -m experiments.reproduce models_from=outputs/reproduce/<run>   # re-evaluate only
+
+For each setting (a ``conf/experiment`` config) and each variant (Baseline RL, WA-RL, WG-RL:
+the same agent trained with reward ``baseline``, ``workload_aware``, ``workload_guided``), it
+runs :func:`experiments.train.train` into ``<run>/<setting>/<variant>/``; then one
+:func:`experiments.evaluate.evaluate` puts the trained agents and the heuristics on identical
+seeded episodes (``<run>/<setting>/eval/``). ``reproduction.md`` holds one table per setting in
+the paper's format (mean E2E, reduction vs round robin with a 95% CI, router wait,
+preemptions) with the paper's reduction beside each row, and a header with the setting's load
+factor (offered rate / measured capacity, :func:`experiments.load_sweep.capacity_rps`), the
+training length and the wall times.
+
+The paper reports reductions (positive = faster than round robin); ``experiments.evaluate``
+reports changes (negative = faster). The table here uses the paper's sign.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+from omegaconf import OmegaConf, open_dict
+
+from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+
+
+@contextlib.contextmanager
+def _hydra_ready():
+    """Compose needs an initialised Hydra: the running app's, or a temporary one (tests)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        yield
+    else:
+        with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            yield
+
+
+def compose(config_name: str, overrides: list[str]):
+    with _hydra_ready():
+        return hydra.compose(config_name=config_name, overrides=overrides)
+
+
+def offered_rate_rps(kw: dict, seed: int) -> float:
+    """Requests per second of one episode's arrivals (synthetic or replayed trace alike)."""
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+
+    env = gym.make("LLMCluster-v0", **{**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
+    env.reset(seed=seed)
+    arr = env.unwrapped.batch.arrival_s
+    return float((len(arr) - 1) / (arr.max() - arr.min())) if len(arr) > 1 else math.nan
+
+
+def _model_path(run: Path, agent: str) -> Path:
+    suffix = ".pt" if agent == "reinforce" else ".zip"
+    best = run / f"best_model{suffix}"
+    return best if best.exists() else run / f"model{suffix}"
+
+
+def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wait: dict,
+                baseline: str = "round_robin") -> str:
+    """The paper's table layout: one row per router, reductions vs ``baseline`` (positive = faster)."""
+    from experiments.evaluate import paired_change
+
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
+    base = np.array([r["mean_e2e_s"] for r in by[baseline]])
+    lines = ["| router | mean E2E (s) | reduction vs RR (%, 95% CI) | router wait (s) | preemptions "
+             "| paper: reduction vs RR (%) | paper: router wait (s) |", "|---|---|---|---|---|---|---|"]
+    order = sorted(policies, key=lambda p: (p != baseline, p not in labels, policies.index(p)))
+    for p in order:
+        e2e = np.array([r["mean_e2e_s"] for r in by[p]])
+        mean, half = paired_change(e2e, base)
+        red = "0 (baseline)" if p == baseline else (
+            f"{-mean:+.2f}" + ("" if math.isnan(half) else f" ± {half:.2f}"))
+        wait = np.mean([r["mean_router_wait_s"] for r in by[p]])
+        pre = np.mean([r["preemptions"] for r in by[p]])
+        ours = labels.get(p, p)
+        pp = paper.get(p)
+        pw = paper_wait.get(p)
+        lines.append(f"| {ours} | {e2e.mean():.2f} | {red} | {wait:.2f} | {pre:.0f} | "
+                     f"{'' if pp is None else f'{pp:+.2f}'} | {'' if pw is None else f'{pw:.2f}'} |")
+    return "\n".join(lines)
+
+
+def _experiment(cfg, setting: str) -> str:
+    """``experiment=`` override: the setting, then ``extra_experiments`` (e.g. debug) on top."""
+    extra = list(cfg.get("extra_experiments") or [])
+    return f"experiment={setting}" if not extra else f"experiment=[{','.join([setting, *extra])}]"
+
+
+def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
+    from experiments.train import train
+
+    var = cfg.variants[key]
+    overrides = [_experiment(cfg, setting), f"reward={var.reward}", f"agent={cfg.agent}", f"seed={cfg.seed}",
+                 f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2", "eval.plot=false",
+                 *cfg.train_overrides]
+    if cfg.train_episodes is not None:
+        overrides.append(f"train.episodes={int(cfg.train_episodes)}")
+    tcfg = compose("train", overrides)
+    res = train(tcfg, out=out)
+    return {"model": str(res["model_path"]), "train_wall_s": res["train_wall_s"],
+            "train_episodes": len(res["history"]), "overrides": overrides}
+
+
+def reproduce_setting(cfg, setting: str, out: Path) -> dict:
+    """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate."""
+    from experiments.evaluate import evaluate
+    from experiments.load_sweep import capacity_rps
+
+    t0 = time.perf_counter()
+    trained: dict[str, dict] = {}
+    for key in cfg.run_variants:
+        if key not in cfg.variants:
+            from llm_lb_gym._validate import ConfigError
+
+            raise ConfigError(f"run_variants: {key!r}; allowed: {', '.join(cfg.variants)}")
+        if cfg.models_from:
+            trained[key] = {"model": str(_model_path(Path(cfg.models_from) / setting / key, cfg.agent)),
+                            "train_wall_s": None}
+        else:
+            trained[key] = _train_variant(cfg, setting, key, out / key)
+    t_train = time.perf_counter() - t0
+
+    ecfg = compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"])
+    with open_dict(ecfg):
+        # An experiment states its evaluation under eval.* (train's layout); evaluate's keys are flat.
+        exp_eval = ecfg.get("eval") or {}
+        ecfg.episodes = int(cfg.eval_episodes if cfg.eval_episodes is not None
+                            else exp_eval.get("episodes", ecfg.episodes))
+        ecfg.policies = list(cfg.policies if cfg.policies is not None
+                             else exp_eval.get("policies", ecfg.policies))
+        ecfg.plot = bool(exp_eval.get("plot", True))
+        ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"]} for k, v in trained.items()}
+    kw = env_kwargs(ecfg)
+    t1 = time.perf_counter()
+    ev = evaluate(ecfg, out=out / "eval")
+    t_eval = time.perf_counter() - t1
+    mu = capacity_rps(kw, int(cfg.eval_seed))
+    rate = offered_rate_rps(kw, int(cfg.eval_seed))
+    paper_key = cfg.paper_as.get(setting, setting) if cfg.get("paper_as") else setting
+    paper = to_container(cfg.paper.get(paper_key)) or {}
+    wait = to_container(cfg.paper_router_wait.get(paper_key)) or {}
+    labels = {k: cfg.variants[k].label for k in trained}
+    table = paper_table(ev["rows"], labels, paper, wait)
+    n_eps = len({r["seed"] for r in ev["rows"]})
+    train_eps = {k: v.get("train_episodes") for k, v in trained.items()}
+    header = (f"### {setting}\n\n{kw['num_instances']} instances, {kw['engine'].get('preset')}"
+              f"{', chunked prefill' if kw['engine'].get('chunked_prefill') else ''}"
+              f"{', num_kv_blocks ' + str(kw['engine']['num_kv_blocks']) if kw['engine'].get('num_kv_blocks') else ''}, "
+              f"workload {kw['workload'].get('name')}, {kw['num_requests']} requests per episode; "
+              f"offered {rate:.1f} req/s, measured capacity {mu:.2f} req/s, load factor {rate / mu:.2f}. "
+              f"Agent {cfg.agent}, training episodes per variant {train_eps}"
+              f"{' (models from ' + str(cfg.models_from) + ')' if cfg.models_from else ''}; "
+              f"evaluation: {n_eps} episodes, seeds {cfg.eval_seed}..{int(cfg.eval_seed) + n_eps - 1}, "
+              f"identical for every router. Paper numbers: {paper_key}. "
+              f"Wall: training {t_train:.0f} s, evaluation {t_eval:.0f} s.")
+    text = header + "\n\n" + table + "\n"
+    (out / "table.md").write_text(text)
+    print(text, flush=True)
+    return {"setting": setting, "table": text, "capacity_rps": mu, "offered_rps": rate,
+            "load_factor": rate / mu, "trained": trained, "train_wall_s": t_train, "eval_wall_s": t_eval,
+            "eval": ev}
+
+
+def reproduce(cfg, out: Path | None = None) -> dict:
+    """Every setting of ``cfg.settings``; writes ``reproduction.md`` and ``reproduction.json``."""
+    import torch
+
+    torch.set_num_threads(1)
+    out = Path(out) if out is not None else run_dir(cfg)
+    write_run_record(out, cfg)
+    t0 = time.perf_counter()
+    results = [reproduce_setting(cfg, s, out / s) for s in cfg.settings]
+    wall = time.perf_counter() - t0
+    text = "\n".join(r["table"] for r in results) + f"\nTotal wall time {wall:.0f} s.\n"
+    (out / "reproduction.md").write_text(text)
+    (out / "reproduction.json").write_text(json.dumps(
+        [{k: v for k, v in r.items() if k not in ("eval", "table")} for r in results], indent=2, default=str))
+    print(f"reproduction: {out / 'reproduction.md'} (wall {wall:.0f} s)")
+    return {"results": results, "out": out, "wall_s": wall}
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="reproduce")
+def main(cfg) -> None:
+    reproduce(cfg)
+
+
+if __name__ == "__main__":
+    main()

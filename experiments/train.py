@@ -1,0 +1,248 @@
+"""Train a router agent on ``LLMCluster-v0``, then evaluate it against round robin.
+
+    python -m experiments.train                                  # WG-RL Double DQN, default env
+    python -m experiments.train reward=baseline                  # Baseline RL (no mixing term)
+    python -m experiments.train reward=workload_aware            # Workload-Aware RL (static term)
+    python -m experiments.train agent=maskable_ppo               # sb3-contrib, masked actions
+    python -m experiments.train agent=reinforce                  # the custom (non-SB3) agent
+    python -m experiments.train experiment=debug                 # seconds-long smoke run
+    python -m experiments.train -m reward=baseline,workload_aware,workload_guided seed=0,1 \
+        hydra/launcher=joblib                                    # a local sweep
+
+The run directory holds ``resolved_config.yaml`` and ``run.json`` (command, seed, timings,
+episode length), ``model.zip`` (the last model) and ``best_model.zip`` (lowest validation mean
+E2E), TensorBoard logs under ``tb/`` and the final evaluation under ``eval/`` (the table of
+``experiments.evaluate``: the agent and ``eval.policies`` on identical seeded episodes).
+
+Why the pieces are as they are:
+
+- The guidance weight of Workload-Guided RL decays with the number of training episodes
+  finished across all parallel envs, which only the trainer knows: ``EpisodeMetricsCallback``
+  counts them and pushes the count to every env (``set_training_episode``).
+- Evaluation (periodic and final) always uses ``reward.mode=baseline``: guidance is a training
+  aid, and latency, not reward, is what is compared.
+- Validation seeds (``train.eval_seed``) differ from the final test seeds (``eval.seed``), so
+  picking the best checkpoint does not peek at the test episodes.
+- ``train.reward_scale`` multiplies the reward the learner sees: the raw per-step reward is in
+  the tens (60 per completion), which puts Q-values in the thousands and slows Huber-loss DQN;
+  ``info["reward_components"]`` (and TensorBoard's ``reward/*``) stay unscaled.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import operator
+import time
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+from omegaconf import OmegaConf
+
+from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+
+FINAL_MODELS = ("best", "last")
+VALIDATION_STEP_FACTOR = 10
+"""A validation rollout stops after this many times round robin's steps per episode."""
+
+
+def _check_train_cfg(cfg) -> None:
+    t = cfg.train
+    from llm_lb_gym._validate import ConfigError
+
+    if t.final_model not in FINAL_MODELS:
+        raise ConfigError(f"train.final_model={t.final_model!r}; allowed: {', '.join(FINAL_MODELS)}")
+    if t.final_model == "best" and not t.keep_best:
+        raise ConfigError("train.final_model=best needs train.keep_best=true")
+    if int(t.n_envs) < 1:
+        raise ConfigError(f"train.n_envs={t.n_envs} must be >= 1")
+    if cfg.agent.name == "reinforce" and int(t.n_envs) != 1:
+        raise ConfigError(f"agent reinforce trains on one env; got train.n_envs={t.n_envs} (allowed: 1)")
+    if t.total_timesteps is None and int(t.episodes) < 1:
+        raise ConfigError(f"train.episodes={t.episodes} must be >= 1 (or set train.total_timesteps)")
+    if float(t.reward_scale) <= 0:
+        raise ConfigError(f"train.reward_scale={t.reward_scale} must be > 0")
+
+
+def make_env(kw: dict, reward_scale: float = 1.0):
+    """One training env; the reward scaling wrapper is picklable (SubprocVecEnv-safe)."""
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+
+    env = gym.make("LLMCluster-v0", **kw)
+    if reward_scale != 1.0:
+        env = gym.wrappers.TransformReward(env, functools.partial(operator.mul, float(reward_scale)))
+    return env
+
+
+def measure_episode_steps(kw: dict, seed: int) -> int:
+    """Steps of one round-robin episode: the schedule hint for exploration and evaluation.
+
+    A learned router that defers takes more steps per episode; this is the floor (one step per
+    request plus the intervals requests wait), which is what the paper's episode count means.
+    """
+    from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+
+    env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
+    return rollout_router(env, make_env_router("round_robin", env.unwrapped), seed).steps
+
+
+class Validator:
+    """Greedy rollouts of the model on fixed validation seeds, compared with round robin.
+
+    Round robin's results on those seeds are computed once. With ``best_path`` set, the model is
+    saved there whenever its validation mean E2E is the lowest so far. A rollout is cut at
+    ``max_steps`` (an early policy that defers forever would otherwise run to the env's
+    TimeLimit); a cut episode leaves requests unfinished, and a model with unfinished requests
+    is never kept as the best (its mean E2E covers only the requests that did finish).
+    """
+
+    def __init__(self, kw: dict, seeds: list[int], best_path: Path | None = None,
+                 max_steps: int | None = None):
+        from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+
+        self.env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
+        self.seeds = seeds
+        rr = make_env_router("round_robin", self.env.unwrapped)
+        self.rr = [rollout_router(self.env, rr, s).metrics["mean_e2e_s"] for s in seeds]
+        self.best_path = best_path
+        self.max_steps = max_steps
+        self.best_e2e = float("inf")
+        self.best_step: int | None = None
+
+    def __call__(self, model) -> dict[str, float]:
+        from llm_lb_gym.envs.rollout import rollout_agent
+
+        res = [rollout_agent(self.env, model, s, max_steps=self.max_steps) for s in self.seeds]
+        e2e = np.array([r.metrics["mean_e2e_s"] for r in res])
+        rr = np.array(self.rr)
+        mean_e2e = float(e2e.mean())
+        unfinished = sum(int(r.metrics["unfinished"]) for r in res)
+        if self.best_path is not None and not unfinished and mean_e2e < self.best_e2e:
+            self.best_e2e = mean_e2e
+            self.best_step = int(getattr(model, "num_timesteps", 0))
+            model.save(self.best_path)
+        return {
+            "mean_e2e_s": mean_e2e,
+            "round_robin_mean_e2e_s": float(rr.mean()),
+            "change_vs_round_robin_pct": float(np.mean(100.0 * (e2e - rr) / rr)),
+            "p99_e2e_s": float(np.mean([r.metrics["p99_e2e_s"] for r in res])),
+            "mean_ttft_s": float(np.mean([r.metrics["mean_ttft_s"] for r in res])),
+            "preemptions": float(np.mean([r.metrics["preemptions"] for r in res])),
+            "mean_router_wait_s": float(np.mean([r.metrics["mean_router_wait_s"] for r in res])),
+            "steps": float(np.mean([r.steps for r in res])),
+            "unfinished": float(unfinished),
+        }
+
+
+def _model_file(agent_name: str, stem: str) -> str:
+    return f"{stem}.pt" if agent_name == "reinforce" else f"{stem}.zip"
+
+
+def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir: Path):
+    """The agent of ``cfg.agent`` on its training env(s) (a VecEnv for SB3, one env otherwise)."""
+    from agents import make_agent
+
+    name = cfg.agent.name
+    scale = float(cfg.train.reward_scale)
+    agent_kw = dict(to_container(cfg.agent.get("kwargs")) or {})
+    if name == "reinforce":
+        env = make_env(kw, scale)
+    else:
+        from stable_baselines3.common.env_util import make_vec_env
+
+        env = make_vec_env(make_env, n_envs=int(cfg.train.n_envs), seed=int(cfg.seed),
+                           env_kwargs={"kw": kw, "reward_scale": scale})
+    return make_agent(name, env, total_timesteps=total_timesteps, episode_steps=episode_steps,
+                      seed=int(cfg.seed), tensorboard_log=str(tb_dir), verbose=0, **agent_kw)
+
+
+def _learn(agent, total_timesteps: int, callbacks: list, tb_log_name: str) -> None:
+    params = inspect.signature(agent.learn).parameters
+    extra = {"tb_log_name": tb_log_name} if "tb_log_name" in params else {}
+    agent.learn(total_timesteps, callback=callbacks, **extra)
+
+
+def final_eval_cfg(cfg, model_path: Path, out: Path):
+    """The ``conf/evaluate.yaml``-shaped config for the trained model and ``cfg.eval``."""
+    ev = to_container(cfg.eval)
+    return OmegaConf.create({
+        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
+        "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
+        "reward": to_container(cfg.reward),
+        "policies": ev["policies"], "policy_options": ev.get("policy_options") or {},
+        "agents": {cfg.name: {"kind": cfg.agent.name, "path": str(model_path)}},
+        "episodes": ev["episodes"], "seed": ev["seed"], "baseline": ev["baseline"],
+        "plot": ev.get("plot", True), "output_dir": str(out),
+    })
+
+
+def train(cfg, out: Path | None = None) -> dict[str, Any]:
+    """Train ``cfg.agent`` on the env of ``cfg``, save it, evaluate it; return the outcome.
+
+    Returns a dict with ``out`` (run directory), ``model_path`` (the evaluated model),
+    ``eval`` (what :func:`experiments.evaluate.evaluate` returned), ``history`` (per-episode
+    training metrics), ``validation`` (periodic evaluations) and wall times.
+    """
+    import torch
+
+    from agents import EpisodeMetricsCallback, PeriodicEvalCallback
+    from experiments.evaluate import evaluate
+
+    torch.set_num_threads(1)
+    _check_train_cfg(cfg)
+    out = Path(out) if out is not None else run_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    kw = env_kwargs(cfg)
+    t = cfg.train
+    episode_steps = int(t.episode_steps) if t.episode_steps else measure_episode_steps(kw, int(cfg.seed))
+    total = int(t.total_timesteps) if t.total_timesteps else int(t.episodes) * episode_steps
+    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total)
+
+    agent = build_agent(cfg, kw, total, episode_steps, out / "tb")
+    metrics_cb = EpisodeMetricsCallback(episode_setter="set_training_episode")
+    callbacks: list = [metrics_cb]
+    validator = None
+    if int(t.eval_every_episodes) > 0 and int(t.eval_episodes) > 0:
+        seeds = [int(t.eval_seed) + i for i in range(int(t.eval_episodes))]
+        best = out / _model_file(cfg.agent.name, "best_model") if t.keep_best else None
+        validator = Validator(kw, seeds, best, max_steps=VALIDATION_STEP_FACTOR * episode_steps)
+        callbacks.append(PeriodicEvalCallback(validator, every_steps=int(t.eval_every_episodes) * episode_steps))
+    _learn(agent, total, callbacks, tb_log_name=str(cfg.name))
+    train_wall = time.perf_counter() - t0
+    last_path = out / _model_file(cfg.agent.name, "model")
+    agent.save(last_path)
+
+    model_path = last_path
+    if t.final_model == "best" and validator is not None and validator.best_step is not None:
+        model_path = validator.best_path
+    t1 = time.perf_counter()
+    ev = evaluate(final_eval_cfg(cfg, model_path, out / "eval"), out=out / "eval")
+    eval_wall = time.perf_counter() - t1
+    history = metrics_cb.history
+    validation = [{"step": s, **v} for s, v in (callbacks[1].history if validator else [])]
+    summary = {
+        "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
+        "train_wall_s": round(train_wall, 1), "eval_wall_s": round(eval_wall, 1),
+        "model": str(model_path), "best_step": validator.best_step if validator else None,
+        "validation": validation,
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"trained {cfg.name}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
+          f"evaluated {model_path.name} in {eval_wall:.0f} s; run dir {out}", flush=True)
+    return {"out": out, "model_path": model_path, "eval": ev, "history": history,
+            "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall}
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+def main(cfg) -> None:
+    train(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""Every Hydra config group composes and what it describes can be built.
+
+The groups are composed through ``conf/train.yaml`` (the entry point that uses all of them), one
+option at a time, and then instantiated: the env for env/engine/workload/reward/experiment
+options (reset once, on a short episode), the predictor for predictor options (skipped when its
+trained artifact is absent), the agent for agent options. Launcher presets compose with
+Hydra's own config. A typo in a config must fail here, not in a two-hour run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+import llm_lb_gym  # noqa: F401
+from experiments._hydra import CONF_DIR, env_kwargs, to_container
+from llm_lb_gym._validate import ConfigError
+
+torch.set_num_threads(1)
+CONF = Path(CONF_DIR)
+ENV_GROUPS = ("env", "engine", "workload", "reward", "experiment")
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str], config_name: str = "train", hydra_cfg: bool = False):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name=config_name, overrides=overrides, return_hydra_config=hydra_cfg)
+
+
+def _make_env_or_skip(kw: dict):
+    """The env of ``kw``, reset once; skip when the option reads ../shared/data that is absent."""
+    try:
+        env = gym.make("LLMCluster-v0", **kw)
+        obs, _ = env.reset(seed=0)
+    except FileNotFoundError as err:
+        pytest.skip(f"needs shared data: {err}")
+    return env, obs
+
+
+CASES = [(g, o) for g in ENV_GROUPS for o in _options(g)]
+
+
+@pytest.mark.parametrize("group,option", CASES, ids=[f"{g}={o}" for g, o in CASES])
+def test_env_groups_compose_and_make_env(group, option):
+    cfg = _compose([f"{group}={option}"])
+    kw = env_kwargs(cfg)
+    kw["num_requests"] = 40
+    env, obs = _make_env_or_skip(kw)
+    assert env.observation_space.contains(obs)
+    base = env.unwrapped
+    assert base.m == cfg.env.num_instances
+    assert base.cfg.engine.preset == cfg.engine.preset
+    assert base.cfg.reward.mode == cfg.reward.mode
+    env.close()
+
+
+def test_experiment_files_are_global_packages():
+    """lightning-hydra-template style: experiments override only what they change, globally."""
+    for option in _options("experiment"):
+        first = (CONF / "experiment" / f"{option}.yaml").read_text().splitlines()[0]
+        assert first == "# @package _global_", option
+
+
+MODEL_PREDICTORS = ("transformer", "light", "forest")
+"""Predictors that load a trained model (seconds each): their options are checked against the
+factory's signature here; loading them is tests/test_predictor_models.py's job."""
+
+
+@pytest.mark.parametrize("option", _options("predictor"))
+def test_predictor_group_composes_and_builds(option):
+    import inspect
+
+    from llm_lb_gym.envs.builders import build_predictor
+    from llm_lb_gym.predictor.registry import PREDICTORS
+
+    cfg = _compose([f"predictor={option}"])
+    spec = to_container(cfg.predictor)
+    name = spec.pop("name")
+    assert name in PREDICTORS
+    params = inspect.signature(PREDICTORS[name]).parameters
+    assert set(spec) <= set(params), f"predictor={option}: unknown options {set(spec) - set(params)}"
+    if name in MODEL_PREDICTORS:
+        return
+    path = spec.get("path")
+    if path and not Path(path).exists():
+        pytest.skip(f"predictor {option} needs its trained artifact at {path}")
+    assert hasattr(build_predictor({"name": name, **spec}), "predict")
+
+
+@pytest.mark.parametrize("option", _options("agent"))
+def test_agent_group_composes_and_builds(option):
+    from agents import agent_class, make_agent, predict_action
+
+    cfg = _compose([f"agent={option}"])
+    env = gym.make("LLMCluster-v0", num_requests=20)
+    agent = make_agent(cfg.agent.name, env, total_timesteps=1000, episode_steps=100, seed=0,
+                       **to_container(cfg.agent.kwargs))
+    assert isinstance(agent, agent_class(cfg.agent.name))
+    obs, info = env.reset(seed=0)
+    assert 0 <= predict_action(agent, obs, info["action_mask"]) <= env.unwrapped.m
+
+
+def test_experiment_list_composes_debug_on_top():
+    """``experiment=[setting,debug]`` shrinks a paper setting and keeps what debug leaves alone."""
+    cfg = _compose(["experiment=[paper_v100_kv_limited,debug]"])
+    assert cfg.env.num_requests == 60
+    assert cfg.engine.num_kv_blocks == 72
+    assert cfg.train.episodes == 4
+
+
+def test_paper_settings_are_what_the_paper_ran():
+    v100 = _compose(["experiment=paper_v100"])
+    assert (v100.env.num_instances, v100.env.num_requests, v100.env.arrival_rate_rps) == (4, 2000, 20.0)
+    assert v100.engine.preset == "llama2-7b-v100" and v100.eval.episodes == 20
+    a100 = _compose(["experiment=paper_a100_llama3_chunked"])
+    assert a100.engine.preset == "llama3-8b-a100" and a100.engine.chunked_prefill
+    assert a100.env.arrival_rate_rps == 80.0
+    eight = _compose(["experiment=paper_8x_v100"])
+    assert (eight.env.num_instances, eight.env.num_requests, eight.env.arrival_rate_rps) == (8, 4000, 40.0)
+
+
+def test_variants_are_reward_modes():
+    cfgs = {mode: _compose([f"reward={mode}"]) for mode in ("baseline", "workload_aware", "workload_guided")}
+    for mode, cfg in cfgs.items():
+        assert cfg.reward.mode == mode
+    rep = _compose([], config_name="reproduce")
+    assert {v.reward for v in rep.variants.values()} == set(cfgs)
+    for setting in list(rep.settings) + list(rep.paper) + list(rep.paper_as):
+        assert (CONF / "experiment" / f"{setting}.yaml").exists(), setting
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "submitit_slurm", "local_parallel",
+                                      "slurm_cpu"])
+def test_launcher_presets_compose(launcher):
+    cfg = _compose([f"hydra/launcher={launcher}"], hydra_cfg=True)
+    target = cfg.hydra.launcher._target_
+    assert ("Joblib" in target) or ("Submitit" in target) or ("submitit" in target)
+
+
+def test_ray_preset_names_the_ray_launcher():
+    """The Ray preset needs hydra-ray-launcher (not installed here): check what it asks for."""
+    ray = OmegaConf.load(CONF / "hydra" / "launcher" / "ray_cluster.yaml")
+    assert "ray" in str(OmegaConf.to_container(ray)["defaults"])
+
+
+def test_train_options_are_validated():
+    from experiments.train import _check_train_cfg
+
+    cfg = _compose(["train.final_model=newest"])
+    with pytest.raises(ConfigError, match="train.final_model.*best, last"):
+        _check_train_cfg(cfg)
+    cfg = _compose(["agent=reinforce", "train.n_envs=2"])
+    with pytest.raises(ConfigError, match="train.n_envs"):
+        _check_train_cfg(cfg)
