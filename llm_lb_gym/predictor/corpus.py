@@ -21,13 +21,13 @@ import gzip
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .._validate import check_choice, check_range
+from ..workload.data_dir import default_data_dir
 
 REQUIRED_FIELDS = ("prompt", "task_type", "response_tokens_wordpiece")
 SPLITS = ("train", "test", "all")
@@ -38,15 +38,8 @@ class CorpusError(ValueError):
     """A corpus file is unreadable or a line lacks a field; the message names file and line."""
 
 
-def default_data_dir() -> Path:
-    """``$LLM_LB_GYM_DATA`` if set, else ``<repo>/../shared/data`` (the layout of this project)."""
-    env = os.environ.get("LLM_LB_GYM_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data"
-
-
 def default_corpus_path() -> Path:
+    """``text/prompts_responses.jsonl.gz`` under ``$LLM_LB_GYM_DATA`` or ``<repo>/../shared/data``."""
     return default_data_dir() / DEFAULT_CORPUS
 
 

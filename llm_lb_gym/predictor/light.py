@@ -24,7 +24,7 @@ MODEL_FILE = "model.joblib"
 class LightSettings:
     ngram_max: int = 2
     """Word n-grams 1..ngram_max."""
-    n_features_log2: int = 20
+    n_features_log2: int = 18
     """Hash space size 2**n_features_log2."""
     C: float = 4.0
     """Inverse L2 strength of the logistic regression."""

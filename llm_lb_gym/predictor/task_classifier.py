@@ -22,9 +22,8 @@ class TaskClassifier:
     """Predicts task names from prompt texts."""
 
     def __init__(self, model, card: ModelCard) -> None:
-        card_target = card.target
-        if card_target != "task":
-            raise ValueError(f"TaskClassifier needs a task model, got a {card_target} model")
+        if card.target != "task":
+            raise ValueError(f"TaskClassifier needs a task model, got a {card.target} model")
         self.model = model
         self.card = card
 

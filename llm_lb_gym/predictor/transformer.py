@@ -42,6 +42,8 @@ class TransformerSettings:
     lr: float = 1e-4
     weight_decay: float = 0.01
     warmup_fraction: float = 0.06
+    num_layers: int = 0
+    """Keep only the lower N encoder layers (0: all): inference cost is linear in layers."""
     freeze_embeddings: bool = True
     freeze_layers: int = 0
     """Lower encoder layers to freeze (cheaper steps, less capacity)."""
@@ -60,6 +62,7 @@ class TransformerSettings:
         check_range("transformer.lr", self.lr, 0.0, lo_open=True)
         check_range("transformer.weight_decay", self.weight_decay, 0.0)
         check_range("transformer.warmup_fraction", self.warmup_fraction, 0.0, 1.0, hi_open=True)
+        check_int("transformer.num_layers", self.num_layers, 0)
         check_int("transformer.freeze_layers", self.freeze_layers, 0)
         check_choice("transformer.class_weight", self.class_weight, ("none", "balanced"))
         check_int("transformer.micro_batch", self.micro_batch, 1)
@@ -98,6 +101,31 @@ def _load(src: str, num_labels: int | None):
     return tok, model
 
 
+def _layer_stack(model):
+    """The encoder's list of layers (BERT-like: encoder.layer; DistilBERT: transformer.layer)."""
+    base = model.base_model
+    for owner in ("encoder", "transformer"):
+        stack = getattr(getattr(base, owner, None), "layer", None)
+        if stack is not None:
+            return stack
+    return None
+
+
+def _truncate(model, settings: TransformerSettings) -> None:
+    """Drop the upper encoder layers; the saved config records the new depth."""
+    if not settings.num_layers:
+        return
+    stack = _layer_stack(model)
+    if stack is None or settings.num_layers > len(stack):
+        n = 0 if stack is None else len(stack)
+        raise ConfigError(f"transformer.num_layers={settings.num_layers} is out of range; "
+                          f"allowed: [0, {n}] for {type(model.base_model).__name__}")
+    del stack[settings.num_layers:]
+    for attr in ("num_hidden_layers", "n_layers"):
+        if hasattr(model.config, attr):
+            setattr(model.config, attr, settings.num_layers)
+
+
 def _freeze(model, settings: TransformerSettings) -> None:
     base = model.base_model
     if settings.freeze_embeddings:
@@ -107,8 +135,7 @@ def _freeze(model, settings: TransformerSettings) -> None:
         for p in emb.parameters():
             p.requires_grad_(False)
     if settings.freeze_layers:
-        stack = getattr(getattr(base, "encoder", None), "layer", None) or \
-            getattr(getattr(base, "transformer", None), "layer", None)
+        stack = _layer_stack(model)
         if stack is None or settings.freeze_layers > len(stack):
             n = 0 if stack is None else len(stack)
             raise ConfigError(f"transformer.freeze_layers={settings.freeze_layers} is out of range; "
@@ -169,6 +196,7 @@ class TransformerTextModel:
             raise ValueError(f"need as many labels as texts (> 0); got {len(texts)} texts, {len(labels)} labels")
         torch.manual_seed(seed)
         tok, model = _load(resolve_base_model(settings.base_model), num_labels)
+        _truncate(model, settings)
         _freeze(model, settings)
         enc = tok(list(texts), truncation=True, max_length=settings.max_length)
         keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
