@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import time
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -51,7 +52,8 @@ def train_predictor(cfg: DictConfig) -> dict:
     check_range("data.test_fraction", cfg.data.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
     set_threads(cfg.threads, kind == "transformer")
     scheme = resolve_scheme(cfg.scheme)
-    path = cfg.data.path or default_corpus_path()
+    # Absolute, so the card still finds its corpus when eval_predictor runs from elsewhere.
+    path = Path(cfg.data.path).expanduser().resolve() if cfg.data.path else default_corpus_path()
     csv = _plain(cfg.data.csv)
     corpus = load_any(path, **csv)
     tf = float(cfg.data.test_fraction)
