@@ -9,6 +9,7 @@ corpus of the same fields). The output is one JSON-able dict; its ``scheme`` and
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -73,7 +74,6 @@ def latency(fn, corpus: Corpus, batch_size: int, repeats: int, seed: int) -> dic
     out = {"batch_size": batch_size, "repeats": repeats, "median_ms": float(np.median(ms)),
            "min_ms": float(ms.min()), "p90_ms": float(np.percentile(ms, 90)),
            "cpu_ms_median": float(np.median(cpu_ms)), "load_average_1min": float(os.getloadavg()[0])}
-    import sys
     if "torch" in sys.modules:  # only report what was used; never import torch for this
         out["torch_threads"] = sys.modules["torch"].get_num_threads()
     return out
