@@ -73,3 +73,23 @@ def test_shared_corpus_workload():
     b = w.sample(np.random.default_rng(0), 2000)
     assert len(b.task_names) == 11 and b.prompt_tokens.max() <= 1000
     assert b.texts is not None and all(b.texts)
+
+
+def test_corpus_is_a_registered_workload_and_runs_in_the_env(corpus_file):
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+    from llm_lb_gym.workload.registry import make_workload
+
+    w = make_workload("corpus", path=str(corpus_file), split="all", rate_rps=5.0)
+    assert isinstance(w, CorpusWorkload) and w.arrivals == PoissonArrivals(5.0)
+    with pytest.raises(ConfigError, match="unknown corpus option"):
+        make_workload("corpus", path=str(corpus_file), splitt="all")
+    env = gym.make("LLMCluster-v0", workload={"name": "corpus", "path": str(corpus_file), "split": "all"},
+                   num_requests=40, arrival_rate_rps=7.0)
+    assert env.unwrapped.workload.arrivals == PoissonArrivals(7.0)   # the env's rate drives it
+    env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, done, trunc, info = env.step(0)
+    assert info["metrics"]["completed"] + info["metrics"]["rejected"] == 40

@@ -95,7 +95,24 @@ def _trace_factory(name: str, format: str | None, default_file: str | None) -> C
     return build
 
 
+_CORPUS_KEYS = ("path", "task_filter", "split", "test_fraction", "max_prompt_tokens",
+                "max_context_tokens")
+
+
+def _corpus(**options) -> Workload:
+    """Requests drawn from a prompts-with-responses corpus (real prompt texts, for the
+    transformer predictor); arrivals synthetic like the task mix."""
+    from .corpus import CorpusWorkload
+
+    reject_unknown("corpus", options, _CORPUS_KEYS + _ARRIVAL_OPTION_NAMES)
+    arrivals = _pop_arrivals(options, PoissonArrivals(DEFAULT_RATE_RPS))
+    if options.get("task_filter") is not None:
+        options["task_filter"] = tuple(options["task_filter"])
+    return CorpusWorkload(arrivals=arrivals, **options)
+
+
 WORKLOADS: dict[str, Callable[..., Workload]] = {
+    "corpus": _corpus,
     "task_mix": _task_mix,
     "azure_conv": _trace_factory("azure_conv", "azure", "traces/azure_llm_2023_conv.csv"),
     "sharegpt": _trace_factory("sharegpt", "lengths",
