@@ -5,9 +5,10 @@
     python -m experiments.bench env        # env steps/s on the default config
 
 Simulator: conversation lengths of the Azure LLM 2023 conversation trace (a synthetic lognormal
-with its means, 1,155 prompt / 211 output tokens, when ../shared/data is absent) with Poisson
-arrivals at 6 req/s, about 95% of what 4 x Llama-2-7B on V100 sustain here (throughput
-saturates near 6.2 req/s), routed round robin on arrival. Memory: tracemalloc peak of a run
+with its means, 1,155 prompt / 211 output tokens, when ../shared/data is absent; contexts
+clipped to 4,096) with Poisson arrivals at 5 req/s, near what 4 x Llama-2-7B on V100 sustain
+(at 5 req/s throughput keeps up with a ~10 s mean queue wait and some preemptions; at 5.5 req/s
+the queue wait is ~50 s), routed round robin on arrival. Memory: tracemalloc peak of a run
 per request, at two sizes, to show it is flat in the number of requests.
 Env: whole episodes (reset included) of the default ``LLMCluster-v0`` with round-robin and
 uniformly random actions. Run on an otherwise idle core; figures vary by about 10%.
@@ -105,7 +106,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", nargs="?", choices=("all", "sim", "env"), default="all")
     ap.add_argument("--requests", type=int, default=20_000)
-    ap.add_argument("--rate", type=float, default=6.0, help="Poisson arrival rate (req/s)")
+    ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate (req/s)")
     ap.add_argument("--episodes", type=int, default=3, help="env episodes per policy")
     args = ap.parse_args(argv)
     print(f"python {platform.python_version()} on {platform.machine()}, "
