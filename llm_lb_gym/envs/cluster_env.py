@@ -179,7 +179,7 @@ class LLMClusterEnv(gym.Env):
         completion = rc.completion_reward * comp
         guidance = self._w * h
         reward = penalty + completion + guidance
-        terminated = c.done
+        terminated = c.all_arrived and not c.queue and c.done
         info = self._info(penalty, completion, guidance)
         if terminated:
             self._episode_ended = True

@@ -190,6 +190,10 @@ class Engine:
                 t0, a, c, G0, t_last = self._st_t0, self._st_a, self._st_c, self._st_G0, self._st_t_last
                 k = self.G - G0
                 t = self.t
+                value = self.penalty()   # pops saturations due at the current G
+                h = self.sat_heap
+                sat_next = h[0][0] if h else INF
+                p0, A1, A2, A3 = self.pen_static, self.pA1, self.pA2, self.pA3
                 while j <= k1:
                     T = j * dt
                     if T > t_last:
@@ -200,12 +204,18 @@ class Engine:
                         while t < T:
                             k += 1
                             t = t0 + k * a + c * k * (k - 1) / 2
-                        self.n_iterations += G0 + k - self.G
-                        self.G = G0 + k
+                        G = G0 + k
+                        self.n_iterations += G - self.G
+                        self.G = G
                         self.t = t
-                        total += self.penalty()
-                    else:
-                        total += self.penalty()
+                        if G < sat_next:   # no prediction reached: the running sum is linear in G
+                            run = A1 - A2 - G * A3
+                            value = p0 + (run if run > 0.0 else 0.0)
+                        else:
+                            value = self.penalty()
+                            sat_next = h[0][0] if h else INF
+                            A1, A2, A3 = self.pA1, self.pA2, self.pA3
+                    total += value
                     j += 1
                 if j > k1:
                     break
