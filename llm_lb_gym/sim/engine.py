@@ -351,14 +351,7 @@ class Engine:
         if tb.saturated[rid]:
             self.n_sat_running -= 1
         else:
-            w, pred, k = tb.inv_ideal[rid], tb.pred[rid], tb.o_base[rid] - tb.g_base[rid]
-            self.pA1 -= w
-            self.pA2 -= w * k / pred
-            self.pA3 -= w / pred
-            self.wA1 -= pred
-            self.wA2 -= k
-            self.wA3 -= 1
-            tb.saturated[rid] = True   # marks its sat_heap entry stale
+            self._drop_linear_terms(rid)   # also marks its sat_heap entry stale
         if not self.B:   # resync the float aggregates so rounding cannot accumulate
             self.pA1 = self.pA2 = self.pA3 = self.wA1 = self.wA2 = 0.0
         self._plan_dirty = True
@@ -371,15 +364,21 @@ class Engine:
             _, seq, rid = heapq.heappop(h)
             if tb.admit_seq[rid] != seq or tb.saturated[rid] or tb.status[rid] != Status.RUNNING:
                 continue
-            w, pred, k = tb.inv_ideal[rid], tb.pred[rid], tb.o_base[rid] - tb.g_base[rid]
-            self.pA1 -= w
-            self.pA2 -= w * k / pred
-            self.pA3 -= w / pred
-            self.wA1 -= pred
-            self.wA2 -= k
-            self.wA3 -= 1
-            tb.saturated[rid] = True
+            self._drop_linear_terms(rid)
             self.n_sat_running += 1
+
+    def _drop_linear_terms(self, rid: int) -> None:
+        """Remove a running request's linear-in-G terms (penalty and decode-left sums): it has
+        reached its predicted length, or it leaves the running set."""
+        tb = self.table
+        w, pred, k = tb.inv_ideal[rid], tb.pred[rid], tb.o_base[rid] - tb.g_base[rid]
+        self.pA1 -= w
+        self.pA2 -= w * k / pred
+        self.pA3 -= w / pred
+        self.wA1 -= pred
+        self.wA2 -= k
+        self.wA3 -= 1
+        tb.saturated[rid] = True
 
     def _finish(self, rid: int, o: int, now: float) -> None:
         tb = self.table
