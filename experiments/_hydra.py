@@ -49,6 +49,10 @@ def write_run_record(out: Path, cfg, **extra) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    record = {"command": " ".join([Path(sys.executable).name, "-m"] + sys.argv), "argv": sys.argv,
-              "seed": cfg.get("seed"), **extra}
+    script = Path(sys.argv[0]) if sys.argv else Path("?")
+    if script.suffix == ".py" and script.parent.name == "experiments":   # run as python -m
+        command = " ".join(["python", "-m", f"experiments.{script.stem}"] + sys.argv[1:])
+    else:
+        command = " ".join(["python"] + sys.argv)
+    record = {"command": command, "argv": sys.argv, "seed": cfg.get("seed"), **extra}
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
