@@ -34,6 +34,10 @@ from omegaconf import OmegaConf, open_dict
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
 
 
+STEPS_PER_REQUEST_LIMIT = 20
+"""Evaluation episodes stop after this many env steps per request (round robin needs ~1.2)."""
+
+
 @contextlib.contextmanager
 def _hydra_ready():
     """Compose needs an initialised Hydra: the running app's, or a temporary one (tests)."""
@@ -145,6 +149,8 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
                              else exp_eval.get("policies", ecfg.policies))
         ecfg.plot = bool(exp_eval.get("plot", True))
         ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"]} for k, v in trained.items()}
+        # An agent that defers forever is cut off (requests left unfinished are reported).
+        ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
     kw = env_kwargs(ecfg)
     t1 = time.perf_counter()
     ev = evaluate(ecfg, out=out / "eval")
@@ -156,6 +162,10 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     wait = to_container(cfg.paper_router_wait.get(paper_key)) or {}
     labels = {k: cfg.variants[k].label for k in trained}
     table = paper_table(ev["rows"], labels, paper, wait)
+    unfinished = {k: int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == k)) for k in trained}
+    if any(unfinished.values()):
+        table += (f"\n\nUnfinished requests at the step limit (mean E2E covers finished ones only): "
+                  f"{ {k: v for k, v in unfinished.items() if v} }")
     n_eps = len({r["seed"] for r in ev["rows"]})
     train_eps = {k: v.get("train_episodes") for k, v in trained.items()}
     header = (f"### {setting}\n\n{kw['num_instances']} instances, {kw['engine'].get('preset')}"

@@ -23,9 +23,16 @@ Why the pieces are as they are:
   aid, and latency, not reward, is what is compared.
 - Validation seeds (``train.eval_seed``) differ from the final test seeds (``eval.seed``), so
   picking the best checkpoint does not peek at the test episodes.
-- ``train.reward_scale`` multiplies the reward the learner sees: the raw per-step reward is in
-  the tens (60 per completion), which puts Q-values in the thousands and slows Huber-loss DQN;
-  ``info["reward_components"]`` (and TensorBoard's ``reward/*``) stay unscaled.
+- The raw reward's scale depends on the load by orders of magnitude: the in-system penalty sums
+  over every request in the system, about -40 per step at 20 req/s on the default V100 cluster
+  and about -12,500 per step in the overloaded ``paper_v100_kv_limited`` setting. A fixed scale
+  that suits one regime leaves Huber-loss DQN with TD errors in the hundreds in another, so
+  ``train.normalize_reward`` (default) divides the reward by a running estimate of the
+  discounted return's standard deviation (SB3 ``VecNormalize``, rewards only; the replay buffer
+  keeps raw rewards and normalises at sampling). ``train.reward_scale`` is a fixed multiplier
+  applied before it. ``reinforce`` trains on a plain env and standardises its returns per update
+  itself, so ``normalize_reward`` does not apply to it. ``info["reward_components"]`` and
+  TensorBoard's ``reward/*`` stay raw.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ def _check_train_cfg(cfg) -> None:
         raise ConfigError(f"train.episodes={t.episodes} must be >= 1 (or set train.total_timesteps)")
     if float(t.reward_scale) <= 0:
         raise ConfigError(f"train.reward_scale={t.reward_scale} must be > 0")
+
 
 
 def make_env(kw: dict, reward_scale: float = 1.0):
@@ -157,6 +165,11 @@ def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir:
 
         env = make_vec_env(make_env, n_envs=int(cfg.train.n_envs), seed=int(cfg.seed),
                            env_kwargs={"kw": kw, "reward_scale": scale})
+        if cfg.train.normalize_reward:
+            from stable_baselines3.common.vec_env import VecNormalize
+
+            gamma = float(agent_kw.get("gamma", 0.99))
+            env = VecNormalize(env, norm_obs=False, norm_reward=True, gamma=gamma)
     return make_agent(name, env, total_timesteps=total_timesteps, episode_steps=episode_steps,
                       seed=int(cfg.seed), tensorboard_log=str(tb_dir), verbose=0, **agent_kw)
 
@@ -167,11 +180,18 @@ def _learn(agent, total_timesteps: int, callbacks: list, tb_log_name: str) -> No
     agent.learn(total_timesteps, callback=callbacks, **extra)
 
 
-def final_eval_cfg(cfg, model_path: Path, out: Path):
-    """The ``conf/evaluate.yaml``-shaped config for the trained model and ``cfg.eval``."""
+def final_eval_cfg(cfg, model_path: Path, out: Path, max_episode_steps: int | None = None):
+    """The ``conf/evaluate.yaml``-shaped config for the trained model and ``cfg.eval``.
+
+    ``max_episode_steps`` caps the evaluation episodes (gym.make's TimeLimit) unless the env
+    config sets its own, so a policy that defers forever costs minutes, not hours.
+    """
     ev = to_container(cfg.eval)
+    env = to_container(cfg.env)
+    if max_episode_steps is not None:
+        env.setdefault("max_episode_steps", int(max_episode_steps))
     return OmegaConf.create({
-        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
+        "env": env, "engine": to_container(cfg.engine),
         "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
         "reward": to_container(cfg.reward),
         "policies": ev["policies"], "policy_options": ev.get("policy_options") or {},
@@ -217,31 +237,52 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     train_wall = time.perf_counter() - t0
     last_path = out / _model_file(cfg.agent.name, "model")
     agent.save(last_path)
+    vec_normalize = agent.get_vec_normalize_env() if hasattr(agent, "get_vec_normalize_env") else None
+    if vec_normalize is not None:   # reward statistics, to continue training; acting needs none
+        vec_normalize.save(str(out / "vecnormalize.pkl"))
 
     model_path = last_path
     if t.final_model == "best" and validator is not None and validator.best_step is not None:
         model_path = validator.best_path
     t1 = time.perf_counter()
-    ev = evaluate(final_eval_cfg(cfg, model_path, out / "eval"), out=out / "eval")
+    ev = evaluate(final_eval_cfg(cfg, model_path, out / "eval", VALIDATION_STEP_FACTOR * episode_steps),
+                  out=out / "eval")
     eval_wall = time.perf_counter() - t1
+    unfinished = int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == cfg.name))
+    if unfinished:
+        print(f"WARNING: {cfg.name} left {unfinished} requests unfinished in the evaluation (it defers "
+              f"until the step limit); its mean E2E covers the finished requests only", flush=True)
+    from experiments.evaluate import paired_change
+
+    by_seed = {p: {r["seed"]: r["mean_e2e_s"] for r in ev["rows"] if r["policy"] == p}
+               for p in (cfg.name, cfg.eval.baseline)}
+    seeds = sorted(by_seed[cfg.name])
+    change_pct, change_ci = (paired_change(np.array([by_seed[cfg.name][s] for s in seeds]),
+                                           np.array([by_seed[cfg.eval.baseline][s] for s in seeds]))
+                             if by_seed[cfg.eval.baseline] else (float("nan"), float("nan")))
     history = metrics_cb.history
     validation = [{"step": s, **v} for s, v in (callbacks[1].history if validator else [])]
     summary = {
         "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
         "train_wall_s": round(train_wall, 1), "eval_wall_s": round(eval_wall, 1),
         "model": str(model_path), "best_step": validator.best_step if validator else None,
+        "eval_unfinished_requests": unfinished,
+        "eval_change_vs_baseline_pct": change_pct, "eval_change_ci95_pct": change_ci,
         "validation": validation,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
     print(f"trained {cfg.name}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
           f"evaluated {model_path.name} in {eval_wall:.0f} s; run dir {out}", flush=True)
     return {"out": out, "model_path": model_path, "eval": ev, "history": history,
-            "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall}
+            "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall,
+            "change_vs_baseline_pct": change_pct}
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
-def main(cfg) -> None:
-    train(cfg)
+def main(cfg) -> float:
+    """Returns the agent's mean-E2E % change vs ``eval.baseline``: the objective an Optuna sweep
+    (``hydra/sweeper=optuna``) minimises; tune on validation seeds (``eval.seed=500``)."""
+    return train(cfg)["change_vs_baseline_pct"]
 
 
 if __name__ == "__main__":

@@ -86,14 +86,15 @@ def test_experiment_trains_in_debug_size(experiment, tmp_path):
 
 
 def test_guidance_weight_anneals_over_training_episodes(tmp_path):
-    """WG-RL: the weight TensorBoard shows falls as exp(-decay * k) over finished episodes."""
+    """WG-RL: the weight TensorBoard shows falls as scale * exp(-decay * k) over finished episodes."""
     from experiments.train import train
 
     cfg = _compose("train", ["experiment=debug", "train.episodes=4", "train.eval_every_episodes=0"])
     train(cfg, out=tmp_path)
     w = _scalars(tmp_path)["reward/guidance_weight"]
     assert len(w) >= 3
-    assert np.allclose(w[:3], [np.exp(-cfg.reward.decay * k) for k in range(3)])
+    scale, decay = cfg.reward.guidance_scale, cfg.reward.decay
+    assert np.allclose(w[:3], [scale * np.exp(-decay * k) for k in range(3)])
 
 
 @pytest.mark.parametrize("agent,extra", [
