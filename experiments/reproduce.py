@@ -29,7 +29,7 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-from omegaconf import OmegaConf, open_dict
+from omegaconf import open_dict
 
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
 
@@ -168,9 +168,10 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
                   f"{ {k: v for k, v in unfinished.items() if v} }")
     n_eps = len({r["seed"] for r in ev["rows"]})
     train_eps = {k: v.get("train_episodes") for k, v in trained.items()}
-    header = (f"### {setting}\n\n{kw['num_instances']} instances, {kw['engine'].get('preset')}"
-              f"{', chunked prefill' if kw['engine'].get('chunked_prefill') else ''}"
-              f"{', num_kv_blocks ' + str(kw['engine']['num_kv_blocks']) if kw['engine'].get('num_kv_blocks') else ''}, "
+    eng = kw["engine"]
+    header = (f"### {setting}\n\n{kw['num_instances']} instances, {eng.get('preset')}"
+              f"{', chunked prefill' if eng.get('chunked_prefill') else ''}"
+              f"{', num_kv_blocks ' + str(eng['num_kv_blocks']) if eng.get('num_kv_blocks') else ''}, "
               f"workload {kw['workload'].get('name')}, {kw['num_requests']} requests per episode; "
               f"offered {rate:.1f} req/s, measured capacity {mu:.2f} req/s, load factor {rate / mu:.2f}. "
               f"Agent {cfg.agent}, training episodes per variant {train_eps}"

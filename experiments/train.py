@@ -74,7 +74,6 @@ def _check_train_cfg(cfg) -> None:
         raise ConfigError(f"train.reward_scale={t.reward_scale} must be > 0")
 
 
-
 def make_env(kw: dict, reward_scale: float = 1.0):
     """One training env; the reward scaling wrapper is picklable (SubprocVecEnv-safe)."""
     import gymnasium as gym
