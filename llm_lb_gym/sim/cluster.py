@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
+from ._compiled import engine_class
 from .config import ClusterConfig
-from .engine import Engine
 from .request import RequestTable, Status
 
 
@@ -22,6 +22,7 @@ class Cluster:
         self.cfg = cfg
         self.table = table
         e = cfg.engine
+        Engine = engine_class()
         self.engines = [
             Engine(i, e, table, fast=cfg.fast, num_prompt_buckets=num_prompt_buckets,
                    num_decode_buckets=num_decode_buckets, check=check)

@@ -29,6 +29,8 @@ from .config import EngineConfig
 from .request import RequestTable, Status
 
 INF = math.inf
+# Status members as module constants: one global lookup in the hot paths instead of two.
+_WAITING, _PREFILLING, _RUNNING, _FINISHED = Status.WAITING, Status.PREFILLING, Status.RUNNING, Status.FINISHED
 
 
 class Engine:
@@ -125,7 +127,7 @@ class Engine:
         tb = self.table
         if self.idle() and self.t < now:
             self.t = now
-        tb.status[rid] = Status.WAITING
+        tb.status[rid] = _WAITING
         tb.instance[rid] = self.index
         tb.routed_s[rid] = now
         self.waiting_q.append(rid)
@@ -306,7 +308,7 @@ class Engine:
         self._rebase_S()
         self._sync_used()
         self._version += 1
-        tb.status[rid] = Status.RUNNING
+        tb.status[rid] = _RUNNING
         tb.o_base[rid] = o
         tb.g_base[rid] = G
         seq = self.admit_counter
@@ -362,7 +364,7 @@ class Engine:
         h, tb, G = self.sat_heap, self.table, self.G
         while h and h[0][0] <= G:
             _, seq, rid = heapq.heappop(h)
-            if tb.admit_seq[rid] != seq or tb.saturated[rid] or tb.status[rid] != Status.RUNNING:
+            if tb.admit_seq[rid] != seq or tb.saturated[rid] or tb.status[rid] != _RUNNING:
                 continue
             self._drop_linear_terms(rid)
             self.n_sat_running += 1
@@ -385,7 +387,7 @@ class Engine:
         assert o == tb.decode[rid], "finished with a wrong token count"
         self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
         assert self.used >= 0, "negative KV blocks"
-        tb.status[rid] = Status.FINISHED
+        tb.status[rid] = _FINISHED
         tb.finish_s[rid] = now
         tb.o_base[rid] = o
         self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
@@ -399,7 +401,7 @@ class Engine:
         self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
         assert self.used >= 0, "negative KV blocks"
         tb.o_base[rid] = o
-        tb.status[rid] = Status.WAITING
+        tb.status[rid] = _WAITING
         tb.preemptions[rid] += 1
         self.n_preemptions += 1
         self.preempted_q.append(rid)
@@ -426,7 +428,7 @@ class Engine:
         self._sync_used()
         free = self.total_blocks - self.used
         nseq = self.B + len(self.prefilling)
-        tokens = 0
+        tokens = taken = 0
         skip = self.scheduler == "bin_packing"
         out: list[int] = []
         for r in self._order():
@@ -439,12 +441,13 @@ class Engine:
                 nseq += 1
                 tokens += L
                 free -= need
+                taken += need
                 if budget is not None:
                     budget -= L
             elif not skip:
                 break
         if out:
-            self.used += sum(-(-(tb.prompt[r] + tb.o_base[r]) // bs) for r in out)
+            self.used += taken
             if self.used > self.peak_used:
                 self.peak_used = self.used
             self._remove_waiting(out)
@@ -467,7 +470,7 @@ class Engine:
         tb = self.table
         if tb.first_scheduled_s[rid] != tb.first_scheduled_s[rid]:   # NaN: first admission
             tb.first_scheduled_s[rid] = s
-        tb.status[rid] = Status.PREFILLING
+        tb.status[rid] = _PREFILLING
 
     def _complete_prefill(self, rid: int, end: float) -> None:
         """The prefill of ``rid`` finished at ``end``: it emits one token."""
@@ -528,7 +531,7 @@ class Engine:
         h, tb, G, now = self.fin_heap, self.table, self.G, self.t
         while h and h[0][0] < G:
             _, seq, rid = heapq.heappop(h)
-            if tb.admit_seq[rid] != seq or tb.status[rid] != Status.RUNNING:
+            if tb.admit_seq[rid] != seq or tb.status[rid] != _RUNNING:
                 continue   # stale: the request was preempted since
             o = self._leave_running(rid)
             self._finish(rid, o, now)
@@ -607,7 +610,7 @@ class Engine:
         the first iteration whose block demand exceeds the free blocks, or (reference mode)
         one iteration. Iteration j of the stretch starts at t0 + j a + c j (j - 1) / 2."""
         h, tb = self.fin_heap, self.table
-        while h and (tb.admit_seq[h[0][2]] != h[0][1] or tb.status[h[0][2]] != Status.RUNNING):
+        while h and (tb.admit_seq[h[0][2]] != h[0][1] or tb.status[h[0][2]] != _RUNNING):
             heapq.heappop(h)
         G = self.G
         self._g_fin_end = h[0][0] + 1 if h else INF
@@ -664,7 +667,7 @@ class Engine:
             self.G = self._st_G0 + k
             self.t = t0 + k * a + c * k * (k - 1) / 2
             return
-        n = self._st_n
+        n = int(self._st_n)   # finite: T is past the stretch's last iteration
         self.n_iterations += self._st_G0 + n - self.G
         self.G = self._st_G0 + n
         self.t = t0 + n * a + c * n * (n - 1) / 2

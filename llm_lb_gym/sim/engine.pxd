@@ -1,0 +1,70 @@
+# Cython declarations that augment engine.py when it is compiled (see llm_lb_gym/sim/_compiled.py
+# and setup.py). engine.py stays plain Python and is the source of truth; this file only gives
+# the compiler C types for the engine's attributes and locals and makes the internal methods
+# direct C calls. Every attribute that engine.py assigns must be declared here (the build
+# fails otherwise, and the install falls back to pure Python with a warning).
+cimport cython
+
+cdef class Engine:
+    cdef public long index, bs, total_blocks, watermark, max_seqs, budget
+    cdef public long G, used, _used_G, peak_used, B, S_at, G_S, admit_counter
+    cdef public long n_finished, n_preemptions, n_iterations, n_prefill_iterations
+    cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
+    cdef public long _st_G0
+    cdef public double c0, cp, ca, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
+    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value
+    cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
+    cdef public bint fast, check, chunked, _blocked, _plan_dirty
+    cdef public object table, scheduler
+    cdef public dict running
+    cdef public list preempted_q, waiting_q, prefilling, fin_heap, phase_cnt
+    cdef public list prompt_counts, decode_counts, sat_heap
+
+    cpdef _sync_used(self)
+    cpdef bint idle(self)
+    cpdef add(self, long rid, double now)
+    @cython.locals(t0=double, a=double, c=double, t=double, G0=long, k=long)
+    cpdef advance_to(self, double T)
+    @cython.locals(total=double, j=long, t0=double, a=double, c=double, G0=long, t_last=double,
+                   k=long, t=double, value=double, sat_next=double, p0=double, A1=double,
+                   A2=double, A3=double, T=double, G=long, run=double)
+    cpdef double grid_penalty(self, long k0, double dt, long k1)
+    @cython.locals(G=long, run=double, value=double)
+    cpdef double penalty(self)
+    cpdef double decode_iteration_s(self)
+    cpdef double earliest_completion_s(self)
+    @cython.locals(o=long, pred=double, f=double)
+    cpdef _enter_prompt_phase(self, long rid)
+    @cython.locals(o=long, pred=double, f=double)
+    cpdef _leave_prompt_phase(self, long rid)
+    cpdef _rebase_S(self)
+    @cython.locals(G=long, seq=long, p=long, pred=double, w=double, k=long)
+    cpdef _join_running(self, long rid, long o)
+    @cython.locals(G=long, o=long, p=long)
+    cpdef long _leave_running(self, long rid)
+    @cython.locals(G=long, seq=long, rid=long)
+    cpdef _pop_saturated(self)
+    @cython.locals(w=double, pred=double, k=long)
+    cpdef _drop_linear_terms(self, long rid)
+    cpdef _finish(self, long rid, long o, double now)
+    @cython.locals(o=long)
+    cpdef _preempt(self, long rid)
+    @cython.locals(bs=long, free=long, nseq=long, tokens=long, taken=long, skip=bint, L=long,
+                   need=long)
+    cpdef list _select(self, object budget=*)
+    cpdef _start(self, long rid, double s)
+    @cython.locals(o=long)
+    cpdef _complete_prefill(self, long rid, double end)
+    @cython.locals(s=double, toks=long, pairs=long, L=long, end=double)
+    cpdef _prefill_iteration(self, list admitted)
+    @cython.locals(ph=long, bs=long)
+    cpdef _grow_blocks(self)
+    @cython.locals(G=long, now=double, seq=long, rid=long, o=long)
+    cpdef _end_decode(self)
+    @cython.locals(full=long, rem=long, d=long, bs=long, i=long)
+    cpdef long _demand(self, long G, long k)
+    @cython.locals(G=long, free=long, B=long, bs=long, span=double, cycles=long, r=long, g=long,
+                   cum=long, i=long, stop=double, t0=double, a=double, c=double, n=double)
+    cpdef _plan(self)
+    @cython.locals(t0=double, a=double, c=double, k=long, n=long, G=long)
+    cpdef _decode(self, double T)
