@@ -11,12 +11,14 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env as gym_check_env
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import llm_lb_gym  # noqa: F401  (registers the env)
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs import LLMClusterEnv
 from llm_lb_gym.envs.mixing import MixingParams, mixing_scores
-from llm_lb_gym.envs.reward import guidance_weight, ideal_latency_s
+from llm_lb_gym.envs.reward import guidance_term, guidance_weight, ideal_latency_s
 from llm_lb_gym.envs.config import RewardConfig
 from llm_lb_gym.sim.config import EngineConfig
 
@@ -239,3 +241,15 @@ def test_batched_fast_forward_equals_tick_by_tick(options):
         if ta:
             break
     assert ta and ia["metrics"]["mean_e2e_s"] == ib["metrics"]["mean_e2e_s"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(loads=st.lists(st.floats(0.0, 5e5, allow_nan=False), min_size=1, max_size=8),
+       prompt=st.integers(1, 4000), pred=st.floats(1.0, 4096.0), data=st.data())
+def test_guidance_term_equals_max_over_all_scores(loads, prompt, pred, data):
+    """guidance_term evaluates only the chosen and the least-loaded instance; it must equal the
+    definition over every instance's score, exactly."""
+    cfg = RewardConfig(mixing={"eps_s": data.draw(st.sampled_from([0.05, 0.5, 5.0]))})
+    chosen = data.draw(st.integers(0, len(loads) - 1))
+    scores = mixing_scores(loads, prompt, pred, cfg.mixing)
+    assert guidance_term(loads, prompt, pred, chosen, cfg) == scores[chosen] - max(scores)

@@ -39,6 +39,18 @@ class MixingParams:
         check_range("reward.mixing.alpha", self.alpha, 0.0, 1.0)
 
 
+def mixing_score(load: float, prompt_tokens: int, pred_decode_tokens: float,
+                 params: MixingParams) -> float:
+    """r_mix of placing the request on one instance holding ``load`` committed tokens (the same
+    arithmetic as ``mixing_scores``). Every step of it is monotone in ``load``, in floating
+    point too, so r_mix never increases with load: the least-loaded instance scores highest."""
+    tp = params.grad1 * (prompt_tokens * prompt_tokens + load)
+    rp = 1.0 if tp <= params.eps_s else 1.0 - tp / params.eps_s
+    rd = -params.grad2 * (load + (prompt_tokens + pred_decode_tokens))
+    a = params.alpha
+    return a * rp + (1.0 - a) * rd
+
+
 def mixing_scores(committed_tokens: list[float], prompt_tokens: int, pred_decode_tokens: float,
                   params: MixingParams) -> list[float]:
     """r_mix of placing the request on each instance (given each instance's committed tokens)."""

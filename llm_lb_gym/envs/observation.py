@@ -45,6 +45,9 @@ class ObservationBuilder:
         self.s_count = 1.0 / max_num_seqs if norm else 1.0
         self.s_time = 1.0 / cfg.time_scale_s if norm else 1.0
         self.round = cfg.round_decimals
+        self._round_idx = [j for i in range(self.m)
+                           for j in (4 + i * self.per + self.n_p + self.n_d,
+                                     4 + i * self.per + self.n_p + self.n_d + 1)]
         hi = np.empty(self.size, np.float32)
         lo = np.zeros(self.size, np.float32)
         hi[0] = cfg.queue_cap * self.s_queue
@@ -95,16 +98,12 @@ class ObservationBuilder:
         else:
             vals = [0, 0, 0, 0]
         kv = self.kv_tokens
-        rnd = self.round
         for e in cluster.engines:
-            vals += e.prompt_counts
-            vals += e.decode_counts
-            cap = 1.0 - e.committed_tokens / kv
-            est = e.earliest_completion_s() if e.B else 0.0
-            if rnd is not None:
-                cap, est = round(cap, rnd), round(est, rnd)
-            vals.append(cap if cap > -1.0 else -1.0)
-            vals.append(est)
+            e.observe_into(vals, kv)
+        if self.round is not None:
+            rnd = self.round
+            for i in self._round_idx:
+                vals[i] = round(vals[i], rnd)
         flat = np.array(vals, dtype=np.float32)
         flat *= self.scale
         if not self.cfg.as_dict:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..sim.latency import LatencyModel
 from .config import RewardConfig
-from .mixing import mixing_scores
+from .mixing import mixing_score
 
 
 def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decode_tokens: np.ndarray) -> np.ndarray:
@@ -46,6 +46,9 @@ def guidance_weight(cfg: RewardConfig, episode: int) -> float:
 
 def guidance_term(committed_tokens: list[float], prompt_tokens: int, pred_decode_tokens: float,
                   chosen: int, cfg: RewardConfig) -> float:
-    """h = r_mix(chosen) - max_l r_mix(l) (<= 0)."""
-    scores = mixing_scores(committed_tokens, prompt_tokens, pred_decode_tokens, cfg.mixing)
-    return scores[chosen] - max(scores)
+    """h = r_mix(chosen) - max_l r_mix(l) (<= 0). r_mix does not increase with an instance's
+    load (``mixing_score``), so the max is the least-loaded instance's score: two evaluations
+    per routing action instead of m (equal to ``max(mixing_scores(...))``, a test checks)."""
+    p = cfg.mixing
+    best = mixing_score(min(committed_tokens), prompt_tokens, pred_decode_tokens, p)
+    return mixing_score(committed_tokens[chosen], prompt_tokens, pred_decode_tokens, p) - best

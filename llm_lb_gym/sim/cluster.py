@@ -133,12 +133,14 @@ class Cluster:
         requests finished meanwhile). Same numbers as calling ``tick`` at each point, summed
         per instance instead of per point."""
         assert not self.queue
-        before = self.n_finished
+        fin = 0   # an instance finishes requests only inside its own grid_penalty call
         if k1 is None:
             assert self.all_arrived
             total, k_end = 0.0, k0
             for e in self.engines:
+                fin -= e.n_finished
                 pen, k = e.grid_penalty_until_idle(k0, dt)
+                fin += e.n_finished
                 total += pen
                 k_end = max(k_end, k)
             T = k_end * dt
@@ -146,18 +148,23 @@ class Cluster:
             assert k1 > k0 and (self._next >= self.table.n or self.table.arrival_s[self._next] > (k1 - 1) * dt)
             total = 0.0
             for e in self.engines:
+                fin -= e.n_finished
                 total += e.grid_penalty(k0, dt, k1)
+                fin += e.n_finished
             T = k1 * dt
             self.advance_to(T)     # the last point takes the arrivals (instances are there already)
             total += self.queue_penalty
             k_end = k1
         if T > self.t:
-            self.advance_to(T)
-        return total, k_end, self.n_finished - before
+            self.advance_to(T)   # idle instances only: nothing finishes here
+        return total, k_end, fin
 
     @property
     def n_finished(self) -> int:
-        return sum(e.n_finished for e in self.engines)
+        n = 0
+        for e in self.engines:
+            n += e.n_finished
+        return n
 
     @property
     def done(self) -> bool:

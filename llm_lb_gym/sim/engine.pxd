@@ -33,6 +33,8 @@ cdef class Engine:
     cpdef double penalty(self)
     cpdef double decode_iteration_s(self)
     cpdef double earliest_completion_s(self)
+    @cython.locals(cap=double)
+    cpdef observe_into(self, list out, double kv_tokens)
     @cython.locals(o=long, pred=double, f=double)
     cpdef _enter_prompt_phase(self, long rid)
     @cython.locals(o=long, pred=double, f=double)

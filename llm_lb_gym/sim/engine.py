@@ -278,6 +278,17 @@ class Engine:
             return 0.0
         return max(self.sat_heap[0][0] - self.G, 0) * self.decode_iteration_s()
 
+    def observe_into(self, out: list, kv_tokens: float) -> None:
+        """Append this instance's router features to ``out``: prompt-phase bucket counts,
+        decode-phase bucket counts, capacity ``1 - committed / kv_tokens`` (clipped at -1) and
+        the earliest predicted completion. One call per instance per env step, so it lives
+        here, where the compiled build runs it without interpreter overhead."""
+        out += self.prompt_counts
+        out += self.decode_counts
+        cap = 1.0 - self.committed_tokens / kv_tokens
+        out.append(cap if cap > -1.0 else -1.0)
+        out.append(self.earliest_completion_s() if self.B else 0.0)
+
     # ------------------------------------------------------------ state changes
     def _enter_prompt_phase(self, rid: int) -> None:
         tb = self.table

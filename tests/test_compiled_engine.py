@@ -1,0 +1,95 @@
+"""The Cython build of the engine: present after the README install, current, and bit-identical
+to the pure-Python engine.py it is compiled from (llm_lb_gym/sim/_compiled.py)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+import llm_lb_gym.sim.cluster as cluster_mod
+from llm_lb_gym.envs import LLMClusterEnv
+from llm_lb_gym.sim import _compiled
+from llm_lb_gym.sim.engine import Engine as PureEngine
+
+COMPILED = _compiled.compiled_engine_class()
+
+
+def test_compiled_engine_is_built_and_current():
+    """The install compiles the engine (a C compiler and Python headers are on every supported
+    machine); a silent fallback would halve env speed, so it fails here. Set
+    LLM_LB_GYM_PURE_PYTHON=1 to install and test without it on purpose."""
+    if _compiled.pure_python_forced():
+        pytest.skip("LLM_LB_GYM_PURE_PYTHON is set: pure-Python engine on purpose")
+    assert COMPILED is not None, (
+        "llm_lb_gym.sim._engine_c is missing or stale: reinstall with `pip install -e .` and "
+        "read its log for 'llm_lb_gym setup:' lines")
+    assert _compiled.implementation() == "compiled"
+
+
+def test_stale_build_is_ignored_with_a_warning(monkeypatch):
+    if COMPILED is None:
+        pytest.skip("no compiled engine")
+    monkeypatch.setattr(_compiled, "source_digest", lambda directory=None: "0" * 64)
+    with pytest.warns(RuntimeWarning, match="another version"):
+        assert _compiled.compiled_engine_class() is None
+
+
+def test_env_var_forces_pure_python(monkeypatch):
+    monkeypatch.setenv(_compiled.PURE_ENV_VAR, "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _compiled.compiled_engine_class() is None
+
+
+def _trajectory(engine_cls, monkeypatch, seed, **options):
+    monkeypatch.setattr(cluster_mod, "engine_class", lambda: engine_cls)
+    env = LLMClusterEnv(**options)
+    obs, _ = env.reset(seed=seed)
+    assert type(env.cluster.engines[0]) is engine_cls
+    rng = np.random.default_rng(seed)
+    rewards, observations = [], [obs]
+    done = False
+    while not done:
+        obs, r, term, trunc, info = env.step(int(rng.integers(env.m + 1)))
+        rewards.append(r)
+        observations.append(obs)
+        done = term or trunc
+    tb = env.cluster.table
+    columns = {k: list(getattr(tb, k)) for k in (
+        "status", "instance", "routed_s", "first_scheduled_s", "first_token_s", "finish_s",
+        "preemptions", "reject_reason")}
+    engines = [(e.n_iterations, e.n_prefill_iterations, e.n_preemptions, e.peak_used, e.G)
+               for e in env.cluster.engines]
+    return rewards, np.stack(observations), info["metrics"], columns, engines
+
+
+def _same(a, b):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+@pytest.mark.skipif(COMPILED is None, reason="no compiled engine")
+@pytest.mark.parametrize("options", [
+    {"num_requests": 300},
+    {"num_requests": 300, "engine": {"chunked_prefill": True, "max_num_batched_tokens": 512}},
+    {"num_requests": 250, "engine": {"num_kv_blocks": 72}},                       # preemptions
+    {"num_requests": 250, "engine": {"num_kv_blocks": 100, "scheduler": "bin_packing"}},
+    {"num_requests": 250, "engine": {"num_kv_blocks": 100, "scheduler": "least_work_left",
+                                     "chunked_prefill": True}},
+    {"num_requests": 200, "fast": False},                                          # reference mode
+], ids=["default", "chunked", "tight_kv", "bin_packing", "lwl_chunked", "step_mode"])
+def test_compiled_equals_pure_bit_for_bit(options, monkeypatch):
+    pure = _trajectory(PureEngine, monkeypatch, 5, **options)
+    comp = _trajectory(COMPILED, monkeypatch, 5, **options)
+    assert pure[0] == comp[0]                       # rewards, exactly
+    assert np.array_equal(pure[1], comp[1])         # every observation
+    assert pure[2] == comp[2] or all(_same(pure[2][k], comp[2][k]) for k in pure[2])
+    for k in pure[3]:
+        assert all(_same(x, y) for x, y in zip(pure[3][k], comp[3][k])), k
+    assert pure[4] == comp[4]
+    if options.get("engine", {}).get("num_kv_blocks") == 72:
+        assert pure[2]["preemptions"] > 0           # the scenario exercises preemption
