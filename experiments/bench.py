@@ -3,6 +3,7 @@
     python -m experiments.bench            # both parts
     python -m experiments.bench sim        # 20,000 requests, 4 instances, near capacity
     python -m experiments.bench env        # env steps/s on the default config
+    LLM_LB_GYM_PURE_PYTHON=1 python -m experiments.bench env   # the same without the compiled engine
 
 Simulator: conversation lengths of the Azure LLM 2023 conversation trace (a synthetic lognormal
 with its means, 1,155 prompt / 211 output tokens, when ../shared/data is absent; contexts
@@ -11,7 +12,10 @@ clipped to 4,096) with Poisson arrivals at 5 req/s, near what 4 x Llama-2-7B on 
 the queue wait is ~50 s), routed round robin on arrival. Memory: tracemalloc peak of a run
 per request, at two sizes, to show it is flat in the number of requests.
 Env: whole episodes (reset included) of the default ``LLMCluster-v0`` with round-robin and
-uniformly random actions. Run on an otherwise idle core; figures vary by about 10%.
+uniformly random actions (``gym.make`` wrappers included). Steps per second are reported per
+wall second and per CPU second of this process: on a shared machine the CPU figure is the
+stable one (wall time also counts waiting for the core). The engine implementation (compiled
+Cython build or pure Python, see llm_lb_gym/sim/_compiled.py) and the load average are printed.
 """
 
 from __future__ import annotations
@@ -81,23 +85,28 @@ def bench_env(episodes: int, seed: int = 0) -> dict:
 
     env = gym.make("LLMCluster-v0")
     m = env.unwrapped.m
+    env.reset(seed=seed)   # warm-up (imports, first allocations)
     out = {}
     for policy in ("round_robin", "random"):
         rng = np.random.default_rng(seed)
-        steps, t_steps, t0 = 0, 0.0, time.perf_counter()
+        steps, t_steps, c_steps = 0, 0.0, 0.0
+        t0, c0 = time.perf_counter(), time.process_time()
         for ep in range(episodes):
             env.reset(seed=seed + ep)
             i, term, trunc = 0, False, False
-            ts = time.perf_counter()
+            ts, cs = time.perf_counter(), time.process_time()
             while not (term or trunc):
                 a = i % m if policy == "round_robin" else int(rng.integers(m + 1))
                 _, _, term, trunc, _ = env.step(a)
                 i += 1
             t_steps += time.perf_counter() - ts
+            c_steps += time.process_time() - cs
             steps += i
-        wall = time.perf_counter() - t0
-        out[f"{policy}_steps_per_s"] = steps / wall
-        out[f"{policy}_steps_per_s_excluding_reset"] = steps / t_steps
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        out[f"{policy}_steps_per_wall_s"] = steps / wall
+        out[f"{policy}_steps_per_cpu_s"] = steps / cpu
+        out[f"{policy}_steps_per_cpu_s_excluding_reset"] = steps / c_steps
+        out[f"{policy}_steps_per_wall_s_excluding_reset"] = steps / t_steps
         out[f"{policy}_steps_per_episode"] = steps / episodes
     return out
 
@@ -109,8 +118,11 @@ def main(argv=None) -> None:
     ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate (req/s)")
     ap.add_argument("--episodes", type=int, default=3, help="env episodes per policy")
     args = ap.parse_args(argv)
+    from llm_lb_gym.sim._compiled import implementation
+
     print(f"python {platform.python_version()} on {platform.machine()}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, one process")
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, one process, "
+          f"engine: {implementation()}, load average (1 min) at start: {os.getloadavg()[0]:.2f}")
     if args.part in ("all", "sim"):
         r = bench_sim(args.requests, args.rate)
         print("\n## simulator")
