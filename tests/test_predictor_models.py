@@ -75,6 +75,36 @@ def test_light_learns_saves_and_reloads(toy, tmp_path):
         make_predictor("transformer", path=str(tmp_path / "light"))
 
 
+def test_murmur3_spans_match_scikit_learn():
+    from sklearn.utils.murmurhash import murmurhash3_32
+
+    from llm_lb_gym.predictor.hashed_ngrams import murmur3_spans
+
+    rng = np.random.default_rng(0)
+    keys = [bytes(rng.integers(0, 256, n).astype(np.uint8)) for n in rng.integers(0, 70, 3000)]
+    lengths = np.array([len(k) for k in keys])
+    starts = np.cumsum(lengths) - lengths
+    got = murmur3_spans(b"".join(keys), starts, lengths)
+    assert np.array_equal(got, [murmurhash3_32(k, positive=False) for k in keys])
+
+
+def test_light_vectorised_inference_matches_the_pipeline():
+    from llm_lb_gym.predictor.light import LightSettings, LightTextModel
+
+    rng = np.random.default_rng(0)
+    words = ["ans", "Yes", "no", "essay", "über", "naïve", "日本語", "слово", "x_1", "42", "a-b", "C++",
+             "e.g.", "\t", "ÉCOLE", "ǅ", "ﬁne", "İ", "é"]
+    texts = [" ".join(rng.choice(words, rng.integers(0, 30))) for _ in range(400)] + ["", "   ", "!!"]
+    labels = rng.integers(0, 4, len(texts))
+    # 2**10 columns: many hash collisions, which the pipeline sums
+    model = LightTextModel.fit(texts, labels, 4, LightSettings(n_features_log2=10, ngram_max=3))
+    assert model._fast is not None
+    want = model.pipeline.predict_proba(model._prep(texts))
+    got = model.predict_proba(texts)
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
+    assert np.allclose(got, want, atol=1e-5)
+
+
 def test_task_classifier_and_predicted_hint(toy, tmp_path):
     train, test = toy.split("train", 0.3), toy.split("test", 0.3)
     clf = TaskClassifier.fit(train, "light", {"n_features_log2": 12})
