@@ -44,12 +44,15 @@ def eval_predictor(cfg: DictConfig) -> dict:
             train = base.split("train", tf)
         elif cfg.data.split == "test":
             train = corpus.split("train", tf)
-    inference = dict(OmegaConf.to_container(cfg.inference, resolve=True) or {})
+    inference = {k: v for k, v in (OmegaConf.to_container(cfg.inference, resolve=True) or {}).items()
+                 if v is not None}
     if card.kind != "transformer":
         inference = {}
+    elif cfg.threads:
+        inference.setdefault("threads", int(cfg.threads))  # ONNX Runtime's threads follow torch's
     metrics = evaluate(model_dir, test, train, baselines=bool(cfg.baselines), task_classifier=True,
                        latency_batch=cfg.latency.batch_size, latency_repeats=cfg.latency.repeats,
-                       seed=cfg.seed, inference={k: v for k, v in inference.items() if v is not None})
+                       seed=cfg.seed, inference=inference)
     metrics["eval_data"] = {"path": str(path), "split": cfg.data.split, "test_fraction": tf}
     if cfg.output:
         dump_json(metrics, repo_path(cfg.output))

@@ -88,9 +88,10 @@ def train_predictor(cfg: DictConfig) -> dict:
         timings["train_task_classifier_s"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    inference = {"threads": int(cfg.threads)} if kind == "transformer" and cfg.threads else None
     metrics = evaluate(out_dir, test_eval, train_all, baselines=True, task_classifier=True,
                        latency_batch=cfg.eval.latency_batch, latency_repeats=cfg.eval.latency_repeats,
-                       seed=cfg.seed)
+                       seed=cfg.seed, inference=inference)
     timings["evaluate_s"] = time.perf_counter() - t0
     metrics["timings_s"] = timings
     metrics["train_data"] = train_data

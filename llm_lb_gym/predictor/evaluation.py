@@ -98,6 +98,10 @@ def evaluate(model_dir, test: Corpus, train: Corpus | None, *, baselines: bool =
     if latency_repeats > 0:
         out["model"]["latency"] = latency(lambda c: predict_corpus(model, c), test,
                                           latency_batch, latency_repeats, seed)
+        if card.kind == "transformer":
+            s = model.model.settings
+            out["model"]["latency"]["inference"] = {"runtime": s.runtime, "quantize": s.quantize,
+                                                    "micro_batch": s.micro_batch, "threads": s.threads}
     if card.kind != "forest" and task_classifier and (model_dir / TASK_CLASSIFIER_DIR).is_dir():
         out.update(_task_blocks(model_dir, test, scheme, inference))
     if baselines:

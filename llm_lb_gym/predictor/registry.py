@@ -9,8 +9,9 @@ confusion     ``path`` (metrics JSON or saved model dir; ``which`` = "model" or 
               name) or ``matrix`` (k x k counts, rows = true bucket) with ``scheme`` and
               optional ``bucket_tokens``
 transformer   ``path`` (saved model dir), ``task_source`` ("batch" or "classifier"),
-              ``task_classifier`` (dir; default <path>/task_classifier), ``micro_batch``,
-              ``quantize``
+              ``task_classifier`` (dir; default <path>/task_classifier), inference
+              options ``runtime`` ("onnx"/"torch"), ``quantize``, ``micro_batch``,
+              ``inference_max_length``, ``threads`` (default: as saved)
 light         ``path``, ``task_source``, ``task_classifier``
 forest        ``path``
 ============  ============================================================================
@@ -76,7 +77,8 @@ def _confusion(path=None, matrix=None, which="model", scheme=None, bucket_tokens
 def _text(kind: str):
     def build(path=None, task_source="batch", task_classifier=None, **inference):
         from .text_predictor import TextBucketPredictor
-        extra = ("micro_batch", "quantize") if kind == "transformer" else ()
+        from .transformer import INFERENCE_OPTIONS
+        extra = INFERENCE_OPTIONS if kind == "transformer" else ()
         reject_unknown(f"predictor {kind!r}", inference,
                        ("path", "task_source", "task_classifier") + extra)
         clf = None if task_classifier is None else resolve_path(task_classifier, "task_classifier")

