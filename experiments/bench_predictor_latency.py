@@ -1,13 +1,20 @@
-"""Paired CPU latency of saved bucket predictors against a fixed reference, per batch of 64.
-
-On a shared machine wall times swing 2-3x with other users' load, so each saved model is timed
-interleaved, batch by batch, with a reference: the plain MiniLM-L6 forward pass in fp32 at max
-length 64, one padded batch, no hint (the configuration the project issue quotes at about
-370 ms on this machine when idle). The ratio model / reference is stable under load, and
-ratio x 370 ms estimates the idle latency.
+"""CPU latency of saved bucket predictors per batch of held-out prompts (default 64), measured.
 
     python -m experiments.bench_predictor_latency artifacts/predictor/transformer-time4 \\
-        artifacts/predictor/light-time4 [--repeats 15] [--threads 2]
+        artifacts/predictor/light-time4 [--repeats 20] [--threads 2] [--reference]
+    python -m experiments.bench_predictor_latency \\
+        artifacts/predictor/transformer-time4@runtime=torch artifacts/predictor/transformer-time4
+
+``PATH@key=value,...`` loads a transformer with inference overrides (runtime, quantize,
+micro_batch, inference_max_length, threads). Every model runs on the same random batches of
+the test split (its task names as the hint), one batch after another in turn, after one
+warm-up batch. Reported per model: wall-clock median, minimum and 90th percentile, and the
+median process CPU time per batch (other processes stretch wall time, not the CPU time this
+one uses). The machine may be shared, so the 1-minute load average is printed before and
+after the run; the one after includes this process (about ``--threads`` while running).
+
+``--reference`` adds the plain MiniLM-L6 forward pass (torch fp32, max length 64, one padded
+batch, no hint), a fixed point of comparison across machines and commits, not a target.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ import os
 import time
 
 import numpy as np
+
+REFERENCE = "reference: MiniLM-L6 torch fp32, length 64, one padded batch"
 
 
 def reference_model(max_length: int = 64):
@@ -35,42 +44,79 @@ def reference_model(max_length: int = 64):
     return run
 
 
+def parse_spec(spec: str) -> tuple[str, dict]:
+    """``PATH[@key=value,...]`` -> (path, overrides); values are ints, booleans or strings."""
+    path, _, opts = spec.partition("@")
+    out = {}
+    for item in filter(None, opts.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"bad override {item!r} in {spec!r}: expected key=value")
+        low = value.lower()
+        out[key] = True if low == "true" else False if low == "false" else int(value) if value.isdigit() else value
+    return path, out
+
+
+def measure(fns: dict, batches: list) -> dict:
+    """Interleaved timing: batch 0 warms every model up and is not counted."""
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for i, b in enumerate(batches):
+        for name, fn in fns.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn(b)
+            if i:
+                wall[name].append((time.perf_counter() - t0) * 1e3)
+                cpu[name].append((time.process_time() - c0) * 1e3)
+    out = {}
+    for name in fns:
+        w, c = np.asarray(wall[name]), np.asarray(cpu[name])
+        out[name] = {"median_ms": round(float(np.median(w)), 2), "min_ms": round(float(w.min()), 2),
+                     "p90_ms": round(float(np.percentile(w, 90)), 2),
+                     "cpu_ms_median": round(float(np.median(c)), 2)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--repeats", type=int, default=15)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("models", nargs="+", help="saved predictor directories, optionally PATH@key=value,...")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads; ONNX Runtime micro-batches at once")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--reference", action="store_true", help="also time the plain fp32 MiniLM forward pass")
     args = ap.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    import torch
-    torch.set_num_threads(args.threads)
+    from llm_lb_gym.predictor.card import ModelCard
     from llm_lb_gym.predictor.corpus import default_corpus_path, read_corpus
     from llm_lb_gym.predictor.evaluation import load_bucket_model, predict_corpus
+
+    specs = [parse_spec(s) for s in args.models]
+    cards = [ModelCard.load(path) for path, _ in specs]
+    uses_torch = args.reference or any(
+        c.kind == "transformer" and o.get("runtime", c.settings.get("runtime", "onnx")) == "torch"
+        for (_, o), c in zip(specs, cards))
+    if uses_torch:
+        import torch
+        torch.set_num_threads(args.threads)
 
     test = read_corpus(default_corpus_path()).split("test")
     rng = np.random.default_rng(args.seed)
     batches = [test.take(rng.choice(len(test), args.batch, replace=False)) for _ in range(args.repeats + 1)]
-    fns = {"reference_fp32_L64": reference_model()}
-    for path in args.models:
-        model = load_bucket_model(path)
-        fns[path] = lambda c, m=model: predict_corpus(m, c)
-    times = {k: [] for k in fns}
-    for i, b in enumerate(batches):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn(b)
-            if i:
-                times[name].append((time.perf_counter() - t0) * 1e3)
-    ref = np.asarray(times["reference_fp32_L64"])
-    out = {"threads": args.threads, "batch": args.batch, "repeats": args.repeats,
-           "load_average_1min": os.getloadavg()[0], "models": {}}
-    for name, t in times.items():
-        t = np.asarray(t)
-        out["models"][name] = {"median_ms": float(np.median(t)), "min_ms": float(t.min()),
-                               "ratio_to_reference_median": float(np.median(t / ref)),
-                               "idle_estimate_ms": float(np.median(t / ref) * 370.0)}
+    fns = {}
+    if args.reference:
+        fns[REFERENCE] = reference_model()
+    for (path, opts), card in zip(specs, cards):
+        if card.kind == "transformer":
+            opts = {"threads": args.threads} | opts
+        model = load_bucket_model(path, **opts)
+        name = path + ("@" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
+        fns[name] = lambda c, m=model: predict_corpus(m, c)
+    load_before = os.getloadavg()[0]
+    results = measure(fns, batches)
+    out = {"threads": args.threads, "batch": args.batch, "repeats": args.repeats, "seed": args.seed,
+           "cpu_count": os.cpu_count(), "load_average_1min_before": round(load_before, 2),
+           "load_average_1min_after": round(os.getloadavg()[0], 2), "models": results}
     print(json.dumps(out, indent=2))
 
 
