@@ -11,7 +11,9 @@ the test split (its task names as the hint), one batch after another in turn, af
 warm-up batch. Reported per model: wall-clock median, minimum and 90th percentile, and the
 median process CPU time per batch (other processes stretch wall time, not the CPU time this
 one uses). The machine may be shared, so the 1-minute load average is printed before and
-after the run; the one after includes this process (about ``--threads`` while running).
+after the run (the one after includes this process, about ``--threads`` while running), and
+``other_processes_cores``: the CPU time all other processes used during the measurement, per
+second of it (0 on an idle machine, 1 while another job keeps one core busy; from /proc/stat).
 
 ``--reference`` adds the plain MiniLM-L6 forward pass (torch fp32, max length 64, one padded
 batch, no hint), a fixed point of comparison across machines and commits, not a target.
@@ -42,6 +44,18 @@ def reference_model(max_length: int = 64):
         with torch.inference_mode():
             model(**enc)
     return run
+
+
+def busy_cpu_s() -> float | None:
+    """CPU seconds the whole machine has been busy (all processes), from /proc/stat; None
+    where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = [int(v) for v in fh.readline().split()[1:]]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -113,10 +127,16 @@ def main() -> None:
         name = path + ("@" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
         fns[name] = lambda c, m=model: predict_corpus(m, c)
     load_before = os.getloadavg()[0]
+    busy0, own0, t0 = busy_cpu_s(), time.process_time(), time.perf_counter()
     results = measure(fns, batches)
+    busy1, own1, wall = busy_cpu_s(), time.process_time(), time.perf_counter() - t0
     out = {"threads": args.threads, "batch": args.batch, "repeats": args.repeats, "seed": args.seed,
            "cpu_count": os.cpu_count(), "load_average_1min_before": round(load_before, 2),
-           "load_average_1min_after": round(os.getloadavg()[0], 2), "models": results}
+           "load_average_1min_after": round(os.getloadavg()[0], 2)}
+    if busy0 is not None:
+        # Cores kept busy by everything but this process while it measured: ~0 on an idle machine.
+        out["other_processes_cores"] = round(max(0.0, (busy1 - busy0) - (own1 - own0)) / wall, 2)
+    out["models"] = results
     print(json.dumps(out, indent=2))
 
 
