@@ -108,7 +108,7 @@ def test_registry_errors_list_names_and_options():
         make_predictor("confusion")
     with pytest.raises(ConfigError, match=r"shape \(2, 2\); scheme 'paper_dqn' needs \(3, 3\)"):
         make_predictor("confusion", matrix=[[1, 0], [0, 1]])
-    with pytest.raises(ConfigError, match="unknown predictor 'transformer' option.*allowed: micro_batch, path"):
+    with pytest.raises(ConfigError, match="unknown predictor 'transformer' option.*allowed: inference_max_length, micro_batch, path"):
         make_predictor("transformer", path="x", max_len=3)
     with pytest.raises(ConfigError, match="not a saved predictor directory"):
         make_predictor("forest", path="/nonexistent/model")

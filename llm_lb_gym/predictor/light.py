@@ -3,7 +3,7 @@
 The transformer costs hundreds of milliseconds per 64 prompts on a CPU; this costs a few
 milliseconds, so a user can trade accuracy for speed (the held-out figures and times of both
 are in docs/predictor.md). Fitting uses scikit-learn; predictions come from a vectorised
-re-implementation of the fitted pipeline (``hashed_ngrams.py``, same predictions, about half
+re-implementation of the fitted pipeline (``hashed_ngrams.py``, same predictions, under half
 the time). Hashing needs no vocabulary to fit or store, so the saved model is small and
 never meets an unknown word. A coarse prompt-length token (``__len<k>``, k = log2 of the word
 count) is appended because length alone carries signal the bag of words does not.
