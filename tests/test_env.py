@@ -115,7 +115,12 @@ def test_every_request_accounted_for_at_episode_end():
 def test_action_mask_and_invalid_actions():
     env = LLMClusterEnv(**SMALL)
     obs, info = env.reset(seed=0)
-    assert info["action_mask"].tolist() == [True] * 5   # a request is waiting after reset
+    # A request waits on an idle cluster after reset: every route is valid, deferring is not
+    # (it could only delay; an agent that defers forever would never finish the episode).
+    assert info["action_mask"].tolist() == [True] * 4 + [False]
+    assert env.action_masks().tolist() == info["action_mask"].tolist()
+    env_free = LLMClusterEnv(action={"mask_idle_defer": False}, **SMALL)
+    assert env_free.reset(seed=0)[1]["action_mask"].tolist() == [True] * 5
     with pytest.raises(ValueError, match="out of range"):
         env.step(5)
     with pytest.raises(ConfigError, match="unknown LLMCluster-v0 option"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from typing import Any
 
@@ -9,15 +11,17 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from ..policies.drive import decide
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics
 from ..sim.request import RequestTable
 from ..workload.batch import RequestBatch
 from .builders import build_predictor, build_workload
-from .config import EnvConfig
+from .config import MIXING_TEACHER, EnvConfig
 from .observation import ObservationBuilder
 from .reward import guidance_term, guidance_weight, ideal_latency_s
+from .routers import make_env_router
 
 
 class LLMClusterEnv(gym.Env):
@@ -81,20 +85,28 @@ class LLMClusterEnv(gym.Env):
         self.latency = eng.latency_model
         self.workload = build_workload(cfg.workload, cfg.arrival_rate_rps)
         self.predictor = build_predictor(cfg.predictor)
+        act = cfg.action
+        self.k = act.candidates
         self.obs_builder = ObservationBuilder(
             cfg.obs, self.m, cfg.num_requests, eng.max_num_seqs, eng.context_len,
-            eng.total_blocks * eng.block_size)
+            eng.total_blocks * eng.block_size, num_candidates=self.k, block_size=eng.block_size)
+        self.obs_layout = self.obs_builder.layout
         self.observation_space = self.obs_builder.space()
-        self.action_space = spaces.Discrete(self.m + 1)
-        self._mask_all = np.ones(self.m + 1, dtype=bool)
-        self._mask_defer_only = np.zeros(self.m + 1, dtype=bool)
-        self._mask_defer_only[self.m] = True
+        self.defer_action = self.k * self.m
+        self.action_space = spaces.Discrete(self.defer_action + 1)
+        self._head_only = self.k == 1 and act.order == "oldest"
         self.guidance_episode = 0
         self._episode_ended = False
         self._dt = cfg.decision_interval_s
+        rc = cfg.reward
+        self._semi_mdp = rc.discount == "semi_mdp"
+        # Discount of one decision interval (1 per-step: nothing inside a step is discounted).
+        self._g = math.exp(-self._dt / rc.horizon_s) if self._semi_mdp else 1.0
         self._batched_grid = True
         self.cluster: Cluster | None = None
         self.batch: RequestBatch | None = None
+        self._teacher = None
+        self._cands: tuple[int, ...] = ()
 
     # ------------------------------------------------------------------ API
     def set_guidance_episode(self, k: int) -> None:
@@ -106,10 +118,35 @@ class LLMClusterEnv(gym.Env):
     set_training_episode = set_guidance_episode   # the name agents.callbacks calls
 
     def action_masks(self) -> np.ndarray:
-        """Valid actions: routing needs a request in the router queue; defer is always valid."""
-        if self.cluster is None or not self.cluster.queue:
-            return self._mask_defer_only.copy()
-        return self._mask_all.copy()
+        """Valid actions: route one of the current candidates to any instance; defer, unless
+        requests wait on an idle cluster (``action.mask_idle_defer``)."""
+        mask = np.zeros(self.defer_action + 1, dtype=bool)
+        n = len(self._cands)
+        if n:
+            mask[:n * self.m] = True
+            c = self.cluster
+            mask[-1] = not (self.cfg.action.mask_idle_defer and all(e.idle() for e in c.engines))
+        else:
+            mask[-1] = True
+        return mask
+
+    @property
+    def candidates(self) -> tuple[int, ...]:
+        """Request ids of the candidate slots of the current observation (slot j = action
+        ``j * m + i``)."""
+        return self._cands
+
+    def action_for(self, position: int | None, instance: int | None) -> int | None:
+        """The action that routes the router queue's request at ``position`` to ``instance``
+        (None: defer), or None when that request is not one of the current candidates."""
+        if position is None or instance is None:
+            return self.defer_action
+        rid = self.cluster.queue[position]
+        try:
+            j = self._cands.index(rid)
+        except ValueError:
+            return None
+        return j * self.m + instance
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -136,55 +173,43 @@ class LLMClusterEnv(gym.Env):
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
                                num_decode_buckets=ob.n_d, check=self.cfg.check_invariants)
         self._k = 0                      # decision intervals elapsed: time = k * dt
-        self._w = guidance_weight(self.cfg.reward, self.guidance_episode)
+        rc = self.cfg.reward
+        self._w = guidance_weight(rc, self.guidance_episode)
+        self._lambda = 1.0 - math.exp(-rc.decay * self.guidance_episode) if rc.guidance_form == "hurl" else 1.0
+        self._guided = self._w != 0.0
+        if self._guided and rc.teacher != MIXING_TEACHER:
+            if self._teacher is None:
+                self._teacher = make_env_router(rc.teacher, self, **rc.teacher_options)
+            # Drawn after the workload and predictions, so the episode is the same as without.
+            self._teacher.reset(np.random.default_rng(rng.integers(2**63)), self.m)
         self._finished_seen = 0
+        self._last_route = [0.0] * self.m
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
-        pen, comp = self._advance_until_decision()
-        info = self._info(-pen, comp, 0.0)
+        pen, comp, _ = self._advance_until_decision(0)
+        obs = self._observe()
+        info = self._info(-pen, comp, 0.0, 0.0, 1.0)
         info["metrics"] = None
-        return self.obs_builder.observe(self.cluster), info
+        return obs, info
 
     def step(self, action):
         a = int(action)
-        if not 0 <= a <= self.m:
-            raise ValueError(f"action {action!r} out of range; allowed: 0..{self.m}")
-        return self.route_step(a, 0)
+        if not 0 <= a <= self.defer_action:
+            raise ValueError(f"action {action!r} out of range; allowed: 0..{self.defer_action}")
+        if a < len(self._cands) * self.m:
+            rid = self._cands[a // self.m]
+            q = self.cluster.queue
+            pos = 0 if q[0] == rid else q.index(rid)
+            return self._transition(pos, a % self.m)
+        return self._transition(None, self.m)   # defer (or a slot with no request: a no-op)
 
     def route_step(self, instance: int, position: int = 0):
-        """``step`` generalised for routers that reorder the queue (Min-Min): route the request
-        at router-queue ``position`` to ``instance`` (``instance == m`` defers)."""
-        c = self.cluster
-        if c is None:
+        """``step`` in the routers' terms (``policies.drive.decide``): route the request at
+        router-queue ``position`` to ``instance``; ``instance == m`` defers."""
+        if self.cluster is None:
             raise RuntimeError("step() before reset()")
-        a = instance
-        h = 0.0
-        routed = False
-        if a < self.m and c.queue:
-            rid = c.queue[position]
-            if self._w:
-                h = guidance_term([e.committed_tokens for e in c.engines], c.table.prompt[rid],
-                                  c.table.pred[rid], a, self.cfg.reward)
-            c.route(a, position)
-            routed = True
-        pen = comp = 0.0
-        if not routed or self.cfg.one_action_per_interval:
-            p, n = self._tick()
-            pen += p
-            comp += n
-        p, n = self._advance_until_decision()
-        pen += p
-        comp += n
-        rc = self.cfg.reward
-        penalty = -rc.penalty_scale * pen
-        completion = rc.completion_reward * comp
-        guidance = self._w * h
-        reward = penalty + completion + guidance
-        terminated = c.all_arrived and not c.queue and c.done
-        info = self._info(penalty, completion, guidance)
-        if terminated:
-            self._episode_ended = True
-            info["metrics"] = self.metrics()
-        return self.obs_builder.observe(c), float(reward), terminated, False, info
+        if instance < self.m and self.cluster.queue:
+            return self._transition(position, instance)
+        return self._transition(None, self.m)
 
     def metrics(self) -> dict:
         """Episode metrics so far (final once the episode has terminated)."""
@@ -195,6 +220,86 @@ class LLMClusterEnv(gym.Env):
         return m
 
     # -------------------------------------------------------------- internals
+    def _transition(self, position: int | None, instance: int):
+        c = self.cluster
+        if c is None:
+            raise RuntimeError("step() before reset()")
+        k_start = self._k
+        h = self._guidance(position, instance) if self._guided and c.queue else 0.0
+        if position is not None:
+            c.route(instance, position)
+            self._last_route[instance] = c.t
+        pen = comp = 0.0
+        if position is None or self.cfg.one_action_per_interval:
+            p, n = self._tick()          # the step's first interval: weight 1
+            pen += p
+            comp += n
+        p, n, _ = self._advance_until_decision(k_start)
+        pen += p
+        comp += n
+        rc = self.cfg.reward
+        penalty = -rc.penalty_scale * pen
+        completion = rc.completion_reward * comp
+        guidance = self._w * h
+        reward = penalty + completion + guidance
+        dt = (self._k - k_start) * self._dt
+        discount = (self._g ** (self._k - k_start) if self._semi_mdp else rc.gamma) * self._lambda
+        terminated = c.all_arrived and not c.queue and c.done
+        obs = self._observe()
+        info = self._info(penalty, completion, guidance, dt, discount)
+        if terminated:
+            self._episode_ended = True
+            info["metrics"] = self.metrics()
+        return obs, float(reward), terminated, False, info
+
+    def _guidance(self, position: int | None, instance: int) -> float:
+        """h: how much worse the agent's choice is than the teacher's (<= 0)."""
+        c, rc = self.cluster, self.cfg.reward
+        if self._teacher is None:   # the paper's mixing estimator: an opinion on routes only
+            if position is None:
+                return -rc.mismatch_penalty
+            rid = c.queue[position]
+            return guidance_term([e.committed_tokens for e in c.engines], c.table.prompt[rid],
+                                 c.table.pred[rid], instance, rc)
+        choice = decide(c, self._teacher)
+        if choice is None:
+            return 0.0 if position is None else -rc.mismatch_penalty
+        if position is None:
+            return -rc.mismatch_penalty
+        pos_t, inst_t = choice
+        same = inst_t == instance and (pos_t == position or c.queue[pos_t] == c.queue[position])
+        return 0.0 if same else -rc.mismatch_penalty
+
+    def _observe(self):
+        self._cands = self._candidates()
+        return self.obs_builder.observe(self.cluster, self._cands, self._last_route)
+
+    def _candidates(self) -> tuple[int, ...]:
+        """The request ids the agent may route now (``ActionConfig``)."""
+        q = self.cluster.queue
+        if not q:
+            return ()
+        if self._head_only:
+            return (q[0],)
+        act = self.cfg.action
+        k = self.k
+        if act.order == "oldest":    # the queue is in arrival order
+            return tuple(itertools.islice(q, k))
+        out: list[int] = []
+        if act.max_wait_s is not None:   # starvation bound: overdue requests first, oldest first
+            tb, t, cap = self.cluster.table, self.cluster.t, act.max_wait_s
+            for r in q:
+                if len(out) == k or t - tb.arrival_s[r] <= cap:
+                    break
+                out.append(r)
+            if len(out) == k:
+                return tuple(out)
+        inv = self.cluster.table.inv_ideal
+        skip = set(out)
+        rest = heapq.nlargest(k - len(out) + len(skip), q, key=lambda r: (inv[r], -r))
+        out += [r for r in rest if r not in skip][:k - len(out)]
+        return tuple(out)
+
     def _tick(self) -> tuple[float, int]:
         """Advance one decision interval; return (in-system penalty at its end, completions)."""
         self._k += 1
@@ -203,16 +308,20 @@ class LLMClusterEnv(gym.Env):
         self._finished_seen = fin
         return pen, done
 
-    def _advance_until_decision(self) -> tuple[float, int]:
+    def _advance_until_decision(self, k_start: int) -> tuple[float, float, int]:
         """Fast-forward while the router queue is empty; drain the cluster after the last arrival.
 
-        Equivalent to one ``_tick`` per decision interval (``_batched_grid=False`` does exactly
-        that; a test holds the two equal), but each instance sums its own penalties over the
-        skipped grid points in one call.
+        Returns (penalty, completions), each summed over the grid points passed with the
+        weight g**(j - k_start - 1) of point j (g = 1 per-step: plain sums; semi-MDP: the
+        discount of one interval, so the step's reward is its exact discounted sum), and the
+        plain completion count. Equivalent to one ``_tick`` per decision interval
+        (``_batched_grid=False`` does exactly that; a test holds the two equal), but each
+        instance sums its own penalties over the skipped grid points in one call.
         """
         c = self.cluster
-        pen = 0.0
-        comp = 0
+        g = self._g
+        pen = comp = 0.0
+        count = 0
         if not self._batched_grid:
             while not c.queue:
                 if c.all_arrived:
@@ -226,16 +335,20 @@ class LLMClusterEnv(gym.Env):
                             self._k = k
                             c.advance_to(k * self._dt)
                 p, n = self._tick()
-                pen += p
-                comp += n
-            return pen, comp
+                w = g ** (self._k - k_start - 1)
+                pen += w * p
+                comp += w * n
+                count += n
+            return pen, comp, count
         dt = self._dt
         while not c.queue:
+            w0 = g ** (self._k - k_start)
             if c.all_arrived:
                 if not c.done:
-                    p, self._k, n = c.run_grid(self._k, dt, None)
+                    p, self._k, n, nw = c.run_grid(self._k, dt, None, w0, g)
                     pen += p
-                    comp += n
+                    comp += nw
+                    count += n
                     self._finished_seen += n
                 break
             nxt = c.next_arrival_s
@@ -244,13 +357,15 @@ class LLMClusterEnv(gym.Env):
                 k1 += 1
             while k1 - 1 > self._k and (k1 - 1) * dt >= nxt:
                 k1 -= 1
-            p, self._k, n = c.run_grid(self._k, dt, k1)
+            p, self._k, n, nw = c.run_grid(self._k, dt, k1, w0, g)
             pen += p
-            comp += n
+            comp += nw
+            count += n
             self._finished_seen += n
-        return pen, comp
+        return pen, comp, count
 
-    def _info(self, penalty: float, completion: float, guidance: float) -> dict:
+    def _info(self, penalty: float, completion: float, guidance: float, dt: float,
+              discount: float) -> dict:
         c = self.cluster
         return {
             "time_s": c.t,
@@ -258,4 +373,6 @@ class LLMClusterEnv(gym.Env):
             "action_mask": self.action_masks(),
             "reward_components": {"penalty": penalty, "completion": completion, "guidance": guidance},
             "guidance_weight": self._w,
+            "dt_s": dt,
+            "discount": discount,
         }

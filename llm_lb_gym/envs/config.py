@@ -15,6 +15,10 @@ from ..sim.config import EngineConfig
 from .mixing import MixingParams
 
 GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
+DISCOUNTS = ("semi_mdp", "per_step")
+GUIDANCE_FORMS = ("weight", "hurl")
+MIXING_TEACHER = "mixing"
+ORDERS = ("oldest", "shortest")
 
 
 def _build(cls, value, kind: str):
@@ -30,7 +34,8 @@ def _build(cls, value, kind: str):
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """r_t = -sum_j (1/T_j)(1 - f_jt) + completion_reward * completions_t + w_k * h_t."""
+    """r_t = -sum_j (1/T_j)(1 - f_jt) + completion_reward * completions_t + w_k * h_t, and the
+    discount a learner applies to each transition (``info["discount"]``)."""
 
     mode: str = "workload_guided"
     """Guidance: baseline (w = 0), workload_aware (w = guidance_scale), workload_guided
@@ -44,6 +49,32 @@ class RewardConfig:
     penalty_scale: float = 1.0
     """Multiplier of the in-system penalty term."""
     mixing: MixingParams = field(default_factory=MixingParams)
+    discount: str = "semi_mdp"
+    """How a transition is discounted. ``semi_mdp`` (default): by gamma_s ** dt with dt the
+    step's simulated duration and gamma_s = exp(-1 / horizon_s); a routing step that takes no
+    simulated time is not discounted, and inside a step each decision interval's penalty and
+    completions are discounted by their own time, so the return does not depend on how the
+    timeline is cut into steps. ``per_step``: the paper's constant ``gamma`` per step, whatever
+    its duration (a routing step and a 100 s drain alike)."""
+    horizon_s: float = 30.0
+    """semi_mdp: the discount's time constant in simulated seconds (gamma_s = exp(-1/horizon_s)):
+    a routing decision's effect on latency lasts tens of seconds near capacity."""
+    gamma: float = 0.99
+    """per_step: the discount per step."""
+    teacher: str = MIXING_TEACHER
+    """Whose choices the guidance term h compares the agent's with: ``mixing`` (the paper's
+    analytic mixing estimator: h = r_mix(chosen) - max_l r_mix(l) for a route) or any registered
+    router name (h = 0 when the agent does what the router would, else -mismatch_penalty)."""
+    teacher_options: dict = field(default_factory=dict)
+    """Options of a router teacher (its registry keywords)."""
+    mismatch_penalty: float = 1.0
+    """h when the agent's choice differs from the teacher's in kind (it defers while the
+    teacher routes or the reverse) or, for a router teacher, in request or instance."""
+    guidance_form: str = "weight"
+    """``weight``: add w_k * h to the reward (the reading of the paper used so far).
+    ``hurl``: HuRL's form (Cheng et al. 2021), workload_guided only: the same reshaped reward
+    and the guided discount lambda_k * gamma with lambda_k = 1 - exp(-decay * k), so early
+    training is short-sighted and the horizon grows back as the guidance fades."""
 
     def __post_init__(self) -> None:
         check_choice("reward.mode", self.mode, GUIDANCE_MODES)
@@ -52,6 +83,52 @@ class RewardConfig:
         check_range("reward.decay", self.decay, 0.0)
         check_range("reward.penalty_scale", self.penalty_scale, 0.0)
         object.__setattr__(self, "mixing", _build(MixingParams, self.mixing, "reward.mixing"))
+        check_choice("reward.discount", self.discount, DISCOUNTS)
+        check_range("reward.horizon_s", self.horizon_s, 0.0, lo_open=True)
+        check_range("reward.gamma", self.gamma, 0.0, 1.0)
+        if not isinstance(self.teacher, str):
+            raise ConfigError(f"reward.teacher={self.teacher!r} must be 'mixing' or a router name")
+        if self.teacher != MIXING_TEACHER:
+            from ..policies.registry import ROUTERS, router_options
+
+            check_choice("reward.teacher", self.teacher, (MIXING_TEACHER, *ROUTERS))
+            opts = dict(self.teacher_options or {})
+            reject_unknown(f"reward.teacher_options (router {self.teacher!r})", opts,
+                           router_options(self.teacher))
+        elif self.teacher_options:
+            raise ConfigError("reward.teacher_options is for a router teacher; the mixing "
+                              f"teacher takes reward.mixing instead (got {dict(self.teacher_options)})")
+        object.__setattr__(self, "teacher_options", dict(self.teacher_options or {}))
+        check_range("reward.mismatch_penalty", self.mismatch_penalty, 0.0)
+        check_choice("reward.guidance_form", self.guidance_form, GUIDANCE_FORMS)
+        if self.guidance_form == "hurl" and self.mode != "workload_guided":
+            raise ConfigError(f"reward.guidance_form=hurl needs reward.mode=workload_guided (its "
+                              f"discount grows back as the guidance decays); got mode={self.mode!r}")
+
+
+@dataclass(frozen=True)
+class ActionConfig:
+    """Which queued requests the agent may route (``Discrete(k * m + 1)``)."""
+
+    candidates: int = 1
+    """k: the agent picks one of k queued requests and an instance (action j * m + i routes
+    candidate j to instance i; k * m defers). 1 with ``order=oldest`` is the paper's head of
+    line; k > 1 makes late-binding order (which request goes next) learnable."""
+    order: str = "oldest"
+    """Which queued requests are the candidates: ``oldest`` (arrival order) or ``shortest``
+    (smallest predicted ideal latency first, ties by arrival)."""
+    max_wait_s: float | None = None
+    """Starvation bound: requests waiting at the router longer than this become the first
+    candidates, oldest first, whatever ``order`` says. None: no bound."""
+    mask_idle_defer: bool = True
+    """Mask defer while requests wait and every instance is idle: waiting then only delays,
+    and a policy that defers forever at an episode's end would otherwise never finish."""
+
+    def __post_init__(self) -> None:
+        check_int("action.candidates", self.candidates, 1, 64)
+        check_choice("action.order", self.order, ORDERS)
+        if self.max_wait_s is not None:
+            check_range("action.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -72,8 +149,20 @@ class ObsConfig:
     """Round capacity and completion estimate (paper: 2); None keeps full precision."""
     as_dict: bool = False
     """A Dict observation space instead of the flat Box."""
+    features: tuple[str, ...] = ()
+    """Extra features beyond the paper's (``observation.FEATURES``): ``arrivals_left``
+    (global), ``age`` and ``block_need`` (per candidate request), ``free_kv_blocks`` and
+    ``time_since_route`` (per instance)."""
 
     def __post_init__(self) -> None:
+        from .observation import FEATURES
+
+        feats = tuple(self.features or ())
+        for f in feats:
+            check_choice("obs.features[]", f, FEATURES)
+        if len(set(feats)) != len(feats):
+            raise ConfigError(f"obs.features={list(feats)} lists a feature twice")
+        object.__setattr__(self, "features", feats)
         object.__setattr__(self, "prompt_edges_tokens", tuple(int(x) for x in self.prompt_edges_tokens))
         object.__setattr__(self, "decode_edges_tokens", tuple(int(x) for x in self.decode_edges_tokens))
         check_int("obs.queue_cap", self.queue_cap, 1)
@@ -100,6 +189,8 @@ class EnvConfig:
     """A predictor name, a dict ``{name: ..., **options}``, or a LengthPredictor."""
     reward: Any = None
     obs: Any = None
+    action: Any = None
+    """ActionConfig or its options: candidates, order, max_wait_s, mask_idle_defer."""
     decision_interval_s: float = 0.02
     """Time between router decisions (paper: 0.02 s, the minimum decode batch time)."""
     one_action_per_interval: bool = False
@@ -119,6 +210,7 @@ class EnvConfig:
         object.__setattr__(self, "engine", _build(EngineConfig, self.engine, "engine"))
         object.__setattr__(self, "reward", _build(RewardConfig, self.reward, "reward"))
         object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))
+        object.__setattr__(self, "action", _build(ActionConfig, self.action, "action"))
 
     @staticmethod
     def from_kwargs(**kwargs) -> "EnvConfig":

@@ -1,24 +1,36 @@
-"""The router's observation: router queue, head request, and per-instance state.
+"""The router's observation: router queue, candidate requests, and per-instance state.
 
-Flat layout (``ObsConfig.as_dict=False``), with n_p prompt and n_d decode buckets:
+Flat layout (``ObsConfig.as_dict=False``): a global block, then k candidate blocks (k = the
+action's ``candidates``; 1 = the router-queue head, the paper's), then m instance blocks. With
+n_p prompt and n_d decode buckets and no extra features it is the paper's 4 + m (n_p + n_d + 2):
 
 | index | feature | raw unit | normalised by |
 |---|---|---|---|
 | 0 | router queue length, capped at ``queue_cap`` | requests | queue_cap |
-| 1 | head request's prompt tokens (0 if the queue is empty) | tokens | context length |
-| 2 | head request's predicted decode bucket | bucket index | n_d - 1 |
-| 3 | head request's predicted decode tokens | tokens | context length |
-| 4 + i*(n_p+n_d+2) + b | P[i, b]: requests in prompt phase (waiting or prefilling) on instance i with prompt bucket b | requests | max_num_seqs |
-| ... + n_p + b | D[i, b]: requests in decode phase on instance i with predicted decode bucket b | requests | max_num_seqs |
-| ... + n_p + n_d | capacity C[i] = 1 - committed tokens / KV-cache tokens, clipped to [-1, 1] | share | - |
-| ... + n_p + n_d + 1 | predicted time until instance i's first running request completes | s | time_scale_s |
+| (extra) | ``arrivals_left``: requests of the episode still to arrive | requests | num_requests |
+| candidate j: | prompt tokens (0 if there is no such candidate) | tokens | context length |
+| | predicted decode bucket | bucket index | n_d - 1 |
+| | predicted decode tokens | tokens | context length |
+| | (extra) ``age``: time waited at the router | s | time_scale_s |
+| | (extra) ``block_need``: KV blocks of prompt + predicted decode | blocks | KV blocks |
+| instance i: | P[i, b]: requests in prompt phase (waiting or prefilling), prompt bucket b | requests | max_num_seqs |
+| | D[i, b]: requests in decode phase, predicted decode bucket b | requests | max_num_seqs |
+| | capacity C[i] = 1 - committed tokens / KV-cache tokens, clipped to [-1, 1] | share | - |
+| | predicted time until instance i's first running request completes | s | time_scale_s |
+| | (extra) ``free_kv_blocks`` | blocks | KV blocks |
+| | (extra) ``time_since_route``: since the router last sent a request there | s | time_scale_s |
 
 "Committed tokens" = prompt + predicted decode tokens of every request routed to the instance
 and not finished: the KV the instance will need if nothing finishes, which is why it is the
 capacity signal (it changes only at routing and completion events, so it costs nothing per step).
+
+The block structure (``ObsLayout``) is what permutation-equivariant networks read: every
+instance block has the same features in the same order, and so has every candidate block.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 from gymnasium import spaces
@@ -26,80 +38,164 @@ from gymnasium import spaces
 from ..predictor.buckets import BucketScheme
 from .config import ObsConfig
 
+GLOBAL_FEATURES = ("arrivals_left",)
+CANDIDATE_FEATURES = ("age", "block_need")
+INSTANCE_FEATURES = ("free_kv_blocks", "time_since_route")
+FEATURES = GLOBAL_FEATURES + CANDIDATE_FEATURES + INSTANCE_FEATURES
+"""Extra features ``ObsConfig.features`` may list (beyond the paper's)."""
+_BIG = np.float32(1e6)
+
+
+@dataclass(frozen=True)
+class ObsLayout:
+    """Sizes of the flat observation's blocks: ``global_dim`` features, then
+    ``num_candidates`` blocks of ``candidate_dim``, then ``num_instances`` blocks of
+    ``instance_dim``. Actions: ``j * num_instances + i`` routes candidate j to instance i, the
+    last action defers."""
+
+    global_dim: int
+    num_candidates: int
+    candidate_dim: int
+    num_instances: int
+    instance_dim: int
+
+    @property
+    def size(self) -> int:
+        return self.global_dim + self.num_candidates * self.candidate_dim + self.num_instances * self.instance_dim
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("global_dim", "num_candidates", "candidate_dim",
+                                              "num_instances", "instance_dim")}
+
 
 class ObservationBuilder:
     def __init__(self, cfg: ObsConfig, num_instances: int, num_requests: int, max_num_seqs: int,
-                 context_len: int, kv_tokens: int):
+                 context_len: int, kv_tokens: int, *, num_candidates: int = 1, block_size: int = 16):
         self.cfg = cfg
         self.m = num_instances
+        self.k = num_candidates
+        self.num_requests = num_requests
         self.prompt_scheme = BucketScheme(cfg.prompt_edges_tokens, name="obs_prompt")
         self.decode_scheme = BucketScheme(cfg.decode_edges_tokens, name="obs_decode")
         self.n_p, self.n_d = self.prompt_scheme.num_buckets, self.decode_scheme.num_buckets
-        self.per = self.n_p + self.n_d + 2
-        self.size = 4 + self.m * self.per
+        feats = set(cfg.features)
+        self.f_arrivals = "arrivals_left" in feats
+        self.f_age = "age" in feats
+        self.f_need = "block_need" in feats
+        self.f_free = "free_kv_blocks" in feats
+        self.f_since = "time_since_route" in feats
+        self.block_size = block_size
+        self.kv_blocks = kv_tokens // block_size
         self.kv_tokens = float(kv_tokens)
+        self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need, self.m,
+                                self.n_p + self.n_d + 2 + self.f_free + self.f_since)
+        self.per = self.layout.instance_dim
+        self.size = self.layout.size
+        self._cand0 = self.layout.global_dim
+        self._inst0 = self._cand0 + self.k * self.layout.candidate_dim
         norm = cfg.normalize
-        self.s_queue = 1.0 / cfg.queue_cap if norm else 1.0
-        self.s_tok = 1.0 / context_len if norm else 1.0
-        self.s_bucket = 1.0 / max(self.n_d - 1, 1) if norm else 1.0
-        self.s_count = 1.0 / max_num_seqs if norm else 1.0
-        self.s_time = 1.0 / cfg.time_scale_s if norm else 1.0
+        s_queue = 1.0 / cfg.queue_cap if norm else 1.0
+        s_tok = 1.0 / context_len if norm else 1.0
+        s_bucket = 1.0 / max(self.n_d - 1, 1) if norm else 1.0
+        s_count = 1.0 / max_num_seqs if norm else 1.0
+        s_time = 1.0 / cfg.time_scale_s if norm else 1.0
+        s_blocks = 1.0 / max(self.kv_blocks, 1) if norm else 1.0
+        s_req = 1.0 / num_requests if norm else 1.0
         self.round = cfg.round_decimals
-        self._round_idx = [j for i in range(self.m)
-                           for j in (4 + i * self.per + self.n_p + self.n_d,
-                                     4 + i * self.per + self.n_p + self.n_d + 1)]
-        hi = np.empty(self.size, np.float32)
-        lo = np.zeros(self.size, np.float32)
-        hi[0] = cfg.queue_cap * self.s_queue
-        hi[1] = hi[3] = context_len * self.s_tok * 4   # predicted tokens may exceed the context
-        hi[2] = (self.n_d - 1) * self.s_bucket
-        for i in range(self.m):
-            o = 4 + i * self.per
-            hi[o:o + self.n_p + self.n_d] = num_requests * self.s_count
-            lo[o + self.n_p + self.n_d] = -1.0
-            hi[o + self.n_p + self.n_d] = 1.0
-            hi[o + self.n_p + self.n_d + 1] = np.float32(1e6) * self.s_time
-        self.low, self.high = lo, hi
-        scale = np.ones(self.size, np.float32)
-        scale[:4] = (self.s_queue, self.s_tok, self.s_bucket, self.s_tok)
-        for i in range(self.m):
-            o = 4 + i * self.per
-            scale[o:o + self.n_p + self.n_d] = self.s_count
-            scale[o + self.n_p + self.n_d + 1] = self.s_time
-        self.scale = scale
-        self.box = spaces.Box(lo, hi, dtype=np.float32)
+        lo, hi, scale = [], [], []
+
+        def add(low, high, sc):
+            lo.append(low)
+            hi.append(high * sc)
+            scale.append(sc)
+
+        add(0.0, cfg.queue_cap, s_queue)
+        if self.f_arrivals:
+            add(0.0, num_requests, s_req)
+        for _ in range(self.k):
+            add(0.0, context_len * 4, s_tok)      # predicted tokens may exceed the context
+            add(0.0, self.n_d - 1, s_bucket)
+            add(0.0, context_len * 4, s_tok)
+            if self.f_age:
+                add(0.0, _BIG, s_time)
+            if self.f_need:
+                add(0.0, context_len * 4 / block_size + 1, s_blocks)
+        self._round_idx = []
+        for _ in range(self.m):
+            for _ in range(self.n_p + self.n_d):
+                add(0.0, num_requests, s_count)
+            self._round_idx += [len(lo), len(lo) + 1]
+            lo.append(-1.0)
+            hi.append(1.0)
+            scale.append(1.0)
+            add(0.0, _BIG, s_time)
+            if self.f_free:
+                add(0.0, self.kv_blocks, s_blocks)
+            if self.f_since:
+                add(0.0, _BIG, s_time)
+        self.low = np.array(lo, np.float32)
+        self.high = np.array(hi, np.float32)
+        self.scale = np.array(scale, np.float32)
+        assert len(self.low) == self.size
+        self.box = spaces.Box(self.low, self.high, dtype=np.float32)
 
     def space(self) -> spaces.Space:
         if not self.cfg.as_dict:
             return self.box
-        m, n_p, n_d = self.m, self.n_p, self.n_d
-        per = self.per
-        sl = lambda a, b: (self.low[a:b], self.high[a:b])  # noqa: E731
-        P_lo = np.stack([self.low[4 + i * per: 4 + i * per + n_p] for i in range(m)])
-        P_hi = np.stack([self.high[4 + i * per: 4 + i * per + n_p] for i in range(m)])
-        D_lo = np.stack([self.low[4 + i * per + n_p: 4 + i * per + n_p + n_d] for i in range(m)])
-        D_hi = np.stack([self.high[4 + i * per + n_p: 4 + i * per + n_p + n_d] for i in range(m)])
-        q_lo, q_hi = sl(0, 4)
-        return spaces.Dict({
-            "queue": spaces.Box(q_lo, q_hi, dtype=np.float32),
-            "prompt_counts": spaces.Box(P_lo, P_hi, dtype=np.float32),
-            "decode_counts": spaces.Box(D_lo, D_hi, dtype=np.float32),
+        m, n_p, n_d, per = self.m, self.n_p, self.n_d, self.per
+        inst_lo = self.low[self._inst0:].reshape(m, per)
+        inst_hi = self.high[self._inst0:].reshape(m, per)
+        d = {
+            "queue": spaces.Box(self.low[:self._inst0], self.high[:self._inst0], dtype=np.float32),
+            "prompt_counts": spaces.Box(inst_lo[:, :n_p], inst_hi[:, :n_p], dtype=np.float32),
+            "decode_counts": spaces.Box(inst_lo[:, n_p:n_p + n_d], inst_hi[:, n_p:n_p + n_d], dtype=np.float32),
             "capacity": spaces.Box(-1.0, 1.0, (m,), dtype=np.float32),
-            "earliest_completion": spaces.Box(0.0, float(self.high[4 + per - 1]), (m,), dtype=np.float32),
-        })
+            "earliest_completion": spaces.Box(0.0, float(inst_hi[0, n_p + n_d + 1]), (m,), dtype=np.float32),
+        }
+        for j, name in enumerate(self._instance_extras()):
+            col = n_p + n_d + 2 + j
+            d[name] = spaces.Box(inst_lo[:, col], inst_hi[:, col], dtype=np.float32)
+        return spaces.Dict(d)
 
-    def observe(self, cluster):
-        """Build the observation from the cluster's O(1) aggregates."""
+    def _instance_extras(self) -> list[str]:
+        return [f for f, on in (("free_kv_blocks", self.f_free), ("time_since_route", self.f_since)) if on]
+
+    def observe(self, cluster, candidates=None, last_route_s=None):
+        """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
+        ids of the candidate slots (default: the router-queue head); ``last_route_s``: per
+        instance, when the router last sent it a request (for ``time_since_route``)."""
         tb = cluster.table
         q = cluster.queue
-        if q:
-            h = q[0]
-            vals = [min(len(q), self.cfg.queue_cap), tb.prompt[h], tb.decode_bucket[h], tb.pred[h]]
-        else:
-            vals = [0, 0, 0, 0]
+        vals = [min(len(q), self.cfg.queue_cap)]
+        if self.f_arrivals:
+            vals.append(tb.n - cluster.n_arrived)
+        if candidates is None:
+            candidates = (q[0],) if q else ()
+        t = cluster.t
+        bs = self.block_size
+        for j in range(self.k):
+            if j < len(candidates):
+                r = candidates[j]
+                vals += (tb.prompt[r], tb.decode_bucket[r], tb.pred[r])
+                if self.f_age:
+                    vals.append(t - tb.arrival_s[r])
+                if self.f_need:
+                    vals.append(-(-(tb.prompt[r] + tb.pred[r]) // bs))
+            else:
+                vals += (0, 0, 0)
+                if self.f_age:
+                    vals.append(0)
+                if self.f_need:
+                    vals.append(0)
         kv = self.kv_tokens
-        for e in cluster.engines:
+        extras = self.f_free or self.f_since
+        for i, e in enumerate(cluster.engines):
             e.observe_into(vals, kv)
+            if extras:
+                if self.f_free:
+                    vals.append(e.free_blocks)
+                if self.f_since:
+                    vals.append(t - last_route_s[i])
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:
@@ -112,11 +208,14 @@ class ObservationBuilder:
 
     def to_dict(self, flat: np.ndarray) -> dict:
         m, n_p, n_d, per = self.m, self.n_p, self.n_d, self.per
-        inst = flat[4:].reshape(m, per)
-        return {
-            "queue": flat[:4].copy(),
+        inst = flat[self._inst0:].reshape(m, per)
+        d = {
+            "queue": flat[:self._inst0].copy(),
             "prompt_counts": inst[:, :n_p].copy(),
             "decode_counts": inst[:, n_p:n_p + n_d].copy(),
             "capacity": inst[:, n_p + n_d].copy(),
             "earliest_completion": inst[:, n_p + n_d + 1].copy(),
         }
+        for j, name in enumerate(self._instance_extras()):
+            d[name] = inst[:, n_p + n_d + 2 + j].copy()
+        return d

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..sim.metrics import request_latencies
 from .cluster_env import LLMClusterEnv
+from .routers import make_env_router  # noqa: F401  (re-exported: evaluation code imports it from here)
 
 
 @dataclass
@@ -22,16 +23,6 @@ class EpisodeResult:
     steps: int
     latencies: dict
     """Per-request arrays (``e2e_s``, ``ttft_s``, ...) of the finished requests."""
-
-
-def make_env_router(name: str, env: LLMClusterEnv, **options):
-    """A router from the registry, given what it needs to know of this env (Min-Min needs the
-    observation's decode-bucket edges to read bucket upper bounds)."""
-    from ..policies.registry import make_router
-
-    if name == "min_min" and "decode_edges_tokens" not in options:
-        options["decode_edges_tokens"] = env.obs_builder.decode_scheme.edges_tokens
-    return make_router(name, **options)
 
 
 def _finish(env: LLMClusterEnv, info: dict, ret: float, steps: int) -> EpisodeResult:

@@ -12,7 +12,7 @@ cdef class Engine:
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
     cdef public long _st_G0
     cdef public double c0, cp, ca, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
-    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value
+    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty
     cdef public object table, scheduler
@@ -27,8 +27,10 @@ cdef class Engine:
     cpdef advance_to(self, double T)
     @cython.locals(total=double, j=long, t0=double, a=double, c=double, G0=long, t_last=double,
                    k=long, t=double, value=double, sat_next=double, p0=double, A1=double,
-                   A2=double, A3=double, T=double, G=long, run=double)
-    cpdef double grid_penalty(self, long k0, double dt, long k1)
+                   A2=double, A3=double, T=double, G=long, run=double, nf=long)
+    cpdef double grid_penalty(self, long k0, double dt, long k1, double w=*, double g=*)
+    @cython.locals(total=double, j=long, T=double, nf=long)
+    cpdef tuple grid_penalty_until_idle(self, long k0, double dt, double w=*, double g=*)
     @cython.locals(G=long, run=double, value=double)
     cpdef double penalty(self)
     cpdef double decode_iteration_s(self)

@@ -78,6 +78,7 @@ class Engine:
         self.n_preemptions = 0
         self.n_iterations = 0
         self.n_prefill_iterations = 0
+        self.fin_weight = 0.0       # completions weighted by grid_penalty's weights (env reward)
         # Observation aggregates.
         self.prompt_counts = [0] * num_prompt_buckets   # requests in prompt phase per bucket
         self.decode_counts = [0] * num_decode_buckets   # requests in decode phase per bucket
@@ -177,10 +178,14 @@ class Engine:
                 return
             self._decode(T)
 
-    def grid_penalty(self, k0: int, dt: float, k1: int) -> float:
-        """Sum of ``penalty()`` at the grid points (k0+1)dt .. k1 dt, advancing to each: what a
-        tick-by-tick loop computes, without its per-tick call overhead (the env's fast-forward).
-        Inside a planned decode stretch the iteration count is stepped inline."""
+    def grid_penalty(self, k0: int, dt: float, k1: int, w: float = 1.0, g: float = 1.0) -> float:
+        """Weighted sum of ``penalty()`` at the grid points (k0+1)dt .. k1 dt, advancing to each:
+        what a tick-by-tick loop computes, without its per-tick call overhead (the env's
+        fast-forward). Point j's weight is ``w * g**(j - k0 - 1)`` (a learner's per-interval
+        discount; ``w = g = 1`` is the plain sum, bit for bit). Requests finishing in the
+        interval before point j add the same weight to ``fin_weight``, so the env can discount
+        completions by their time too. Inside a planned decode stretch the iteration count is
+        stepped inline (nothing finishes inside a stretch)."""
         if self.idle():
             return 0.0
         total = 0.0
@@ -217,28 +222,38 @@ class Engine:
                             value = self.penalty()
                             sat_next = h[0][0] if h else INF
                             A1, A2, A3 = self.pA1, self.pA2, self.pA3
-                    total += value
+                    total += w * value
+                    w *= g
                     j += 1
                 if j > k1:
                     break
             T = j * dt
             if self.t < T:
+                nf = self.n_finished
                 self.advance_to(T)
-            total += self.penalty()
+                if self.n_finished != nf:
+                    self.fin_weight += w * (self.n_finished - nf)
+            total += w * self.penalty()
+            w *= g
             j += 1
         return total
 
-    def grid_penalty_until_idle(self, k0: int, dt: float) -> tuple[float, int]:
+    def grid_penalty_until_idle(self, k0: int, dt: float, w: float = 1.0,
+                                g: float = 1.0) -> tuple[float, int]:
         """Like ``grid_penalty`` from (k0+1)dt on, until the instance is idle after a grid
-        point; returns (sum, index of that grid point) (k0 if idle already)."""
+        point; returns (weighted sum, index of that grid point) (k0 if idle already)."""
         total = 0.0
         j = k0
         while not self.idle():
             j += 1
             T = j * dt
             if self.t < T:
+                nf = self.n_finished
                 self.advance_to(T)
-            total += self.penalty()
+                if self.n_finished != nf:
+                    self.fin_weight += w * (self.n_finished - nf)
+            total += w * self.penalty()
+            w *= g
         return total, j
 
     # ---------------------------------------------------------------- estimates
