@@ -10,6 +10,7 @@ from .base import QueueRouter, Router, RouterBase, work_left_tokens
 from .count_based import LeastRequests, PowerOfTwo, Random, RoundRobin
 from .drive import decide, run_router
 from .kv_queue import KVQueueOptions, KVQueueScorer
+from .late_binding import LateBinding, LateBindingOptions
 from .max_capacity import MaxCapacity, MaxCapacityOptions
 from .min_min import MinMin, MinMinOptions
 from .mixing_greedy import MixingGreedy, MixingGreedyOptions

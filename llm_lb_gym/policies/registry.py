@@ -13,6 +13,7 @@ from .._validate import lookup, reject_unknown
 from .base import RouterBase
 from .count_based import LeastRequests, PowerOfTwo, Random, RoundRobin
 from .kv_queue import KVQueueScorer
+from .late_binding import LateBinding
 from .max_capacity import MaxCapacity
 from .min_min import MinMin
 from .mixing_greedy import MixingGreedy
@@ -20,11 +21,11 @@ from .token_load import DecodeBalancer, DedicatedSmallLarge, JoinShortestQueue
 
 _CLASSES: tuple[type[RouterBase], ...] = (
     RoundRobin, Random, JoinShortestQueue, MaxCapacity, MinMin, DecodeBalancer,
-    DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer,
+    DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer, LateBinding,
 )
 ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
 ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)
-"""Every router name, in the order of DESIGN.md section 6."""
+"""Every router name: DESIGN.md section 6's, then the ones added beyond it."""
 
 
 def router_options(name: str) -> tuple[str, ...]:
