@@ -26,8 +26,8 @@ from stable_baselines3 import DQN
 
 from llm_lb_gym._validate import ConfigError, lookup, reject_unknown
 
-from agents.custom import CONFIG_FIELDS as REINFORCE_FIELDS
-from agents.custom import REINFORCEAgent
+from agents.reinforce import CONFIG_FIELDS as REINFORCE_FIELDS
+from agents.reinforce import REINFORCEAgent
 from agents.double_dqn import DoubleDQN
 from agents.nets import activation_class, net_arch_value
 from agents.paper_defaults import PAPER_FIELDS, paper_kwargs
