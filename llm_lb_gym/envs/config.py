@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._validate import ConfigError, check_choice, check_int, check_range, reject_unknown
+from ..policies.mixing import MixingParams
 from ..sim.config import EngineConfig
-from .mixing import MixingParams
 
 GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
 
