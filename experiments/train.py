@@ -92,7 +92,7 @@ def measure_episode_steps(kw: dict, seed: int) -> int:
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+    from llm_lb_gym.rollout import make_env_router, rollout_router
 
     env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
     return rollout_router(env, make_env_router("round_robin", env.unwrapped), seed).steps
@@ -110,7 +110,7 @@ class Validator:
 
     def __init__(self, kw: dict, seeds: list[int], best_path: Path | None = None,
                  max_steps: int | None = None):
-        from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+        from llm_lb_gym.rollout import make_env_router, rollout_router
 
         self.env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
         self.seeds = seeds
@@ -122,7 +122,7 @@ class Validator:
         self.best_step: int | None = None
 
     def __call__(self, model) -> dict[str, float]:
-        from llm_lb_gym.envs.rollout import rollout_agent
+        from llm_lb_gym.rollout import rollout_agent
 
         res = [rollout_agent(self.env, model, s, max_steps=self.max_steps) for s in self.seeds]
         e2e = np.array([r.metrics["mean_e2e_s"] for r in res])
