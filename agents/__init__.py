@@ -17,12 +17,15 @@ from agents.factory import AGENT_NAMES, agent_class, load_agent, make_agent
 from agents.heuristic_agent import HeuristicAgent
 from agents.nets import ACTIVATIONS, activation_class
 from agents.paper_defaults import PaperDQNDefaults, paper_kwargs
+from agents.registry import AGENTS, AgentSpec, agent_spec
 from agents.reinforce import REINFORCEAgent, REINFORCEConfig
 
 __all__ = [
     "ACTIVATIONS",
+    "AGENTS",
     "AGENT_NAMES",
     "Agent",
+    "AgentSpec",
     "DoubleDQN",
     "EpisodeMetricsCallback",
     "HeuristicAgent",
@@ -33,6 +36,7 @@ __all__ = [
     "accepts_action_masks",
     "activation_class",
     "agent_class",
+    "agent_spec",
     "load_agent",
     "make_agent",
     "paper_kwargs",
