@@ -38,9 +38,11 @@ class RewardConfig:
     completion_reward: float = 60.0
     """r_w: reward per completed request (paper: 60)."""
     guidance_scale: float = 1.0
-    """gamma: the guidance weight at episode 0 (and the constant weight of workload_aware)."""
+    """gamma: the guidance weight at episode 0 (and the constant weight of workload_aware). The
+    paper gives none; training uses 10 (``conf/reward/workload_*.yaml`` say why)."""
     decay: float = 0.5
-    """beta_d: per-episode decay of the guidance weight (paper: 0.5)."""
+    """beta_d: per-episode decay of the guidance weight (paper: 0.5). Training uses 0.1
+    (``conf/reward/workload_guided.yaml`` says why)."""
     penalty_scale: float = 1.0
     """Multiplier of the in-system penalty term."""
     mixing: MixingParams = field(default_factory=MixingParams)
