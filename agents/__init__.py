@@ -1,4 +1,4 @@
-"""Agents for routing in ``LLMCluster-v0``: Double DQN (SB3), custom agents, callbacks, factory.
+"""Agents for routing in ``LLMCluster-v0``: Double DQN, REINFORCE, heuristic, callbacks, factory.
 
 Quick start::
 
@@ -12,16 +12,20 @@ Quick start::
 
 from agents.base import Agent, accepts_action_masks, predict_action
 from agents.callbacks import EpisodeMetricsCallback, PeriodicEvalCallback
-from agents.custom import HeuristicAgent, REINFORCEAgent, REINFORCEConfig
 from agents.double_dqn import DoubleDQN
 from agents.factory import AGENT_NAMES, agent_class, load_agent, make_agent
+from agents.heuristic_agent import HeuristicAgent
 from agents.nets import ACTIVATIONS, activation_class
 from agents.paper_defaults import PaperDQNDefaults, paper_kwargs
+from agents.registry import AGENTS, AgentSpec, agent_spec
+from agents.reinforce import REINFORCEAgent, REINFORCEConfig
 
 __all__ = [
     "ACTIVATIONS",
+    "AGENTS",
     "AGENT_NAMES",
     "Agent",
+    "AgentSpec",
     "DoubleDQN",
     "EpisodeMetricsCallback",
     "HeuristicAgent",
@@ -32,6 +36,7 @@ __all__ = [
     "accepts_action_masks",
     "activation_class",
     "agent_class",
+    "agent_spec",
     "load_agent",
     "make_agent",
     "paper_kwargs",

@@ -10,55 +10,29 @@ fails with the list of accepted names. Two conveniences on top:
 - ``total_timesteps`` and ``episode_steps`` are schedule hints: the DQN variants use them to end
   epsilon-exploration at ``exploration_end_episode`` (paper: 20); other agents ignore them.
 
-``double_dqn`` and ``dqn`` start from the paper's settings (:mod:`agents.paper_defaults`) so the
-two differ only in the target; ``maskable_ppo`` and ``reinforce`` start from their own defaults.
-Models are built on the CPU unless ``device`` says otherwise: these MLPs are too small to gain
-from a GPU.
+What differs between agents (accepted keywords, defaults, SB3 or not, mask needs) is read from
+their :class:`agents.registry.AgentSpec`: ``double_dqn`` and ``dqn`` start from the paper's
+settings (:mod:`agents.paper_defaults`) so the two differ only in the target; ``maskable_ppo``
+and ``reinforce`` start from their own defaults. SB3 models are built on the CPU unless
+``device`` says otherwise: these MLPs are too small to gain from a GPU.
 """
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from stable_baselines3 import DQN
+from llm_lb_gym._validate import ConfigError, reject_unknown
 
-from llm_lb_gym._validate import ConfigError, lookup, reject_unknown
-
-from agents.custom import CONFIG_FIELDS as REINFORCE_FIELDS
-from agents.custom import REINFORCEAgent
-from agents.double_dqn import DoubleDQN
 from agents.nets import activation_class, net_arch_value
-from agents.paper_defaults import PAPER_FIELDS, paper_kwargs
+from agents.registry import AGENT_NAMES, agent_spec
 
-
-def _maskable_ppo() -> type:
-    # Imported on use: sb3_contrib pulls in several algorithms the DQN user does not need.
-    from sb3_contrib import MaskablePPO
-
-    return MaskablePPO
-
-
-AGENT_CLASSES: dict[str, Callable[[], type]] = {
-    "double_dqn": lambda: DoubleDQN,
-    "dqn": lambda: DQN,
-    "maskable_ppo": _maskable_ppo,
-    "reinforce": lambda: REINFORCEAgent,
-}
-AGENT_NAMES = tuple(AGENT_CLASSES)
+__all__ = ["AGENT_NAMES", "agent_class", "load_agent", "make_agent"]
 
 
 def agent_class(name: str) -> type:
     """The class behind an agent name; the error lists the valid names."""
-    return lookup("agent", AGENT_CLASSES, name)()
-
-
-def _constructor_params(cls: type) -> set[str]:
-    return {
-        n for n, p in inspect.signature(cls.__init__).parameters.items()
-        if n not in ("self", "env") and not n.startswith("_") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
+    return agent_spec(name).load_class()
 
 
 def _policy_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -94,30 +68,23 @@ def make_agent(
         total_timesteps, episode_steps: schedule hints (see module docstring).
         **kwargs: constructor keywords of the agent class (plain values; see module docstring).
     """
-    cls = agent_class(name)
+    spec = agent_spec(name)
+    cls = spec.load_class()
     kwargs = dict(kwargs)
-    if name == "reinforce":
-        reject_unknown("reinforce agent", kwargs, REINFORCE_FIELDS | {"seed", "tensorboard_log", "verbose"})
-        return REINFORCEAgent(env, **kwargs)
-
-    if name == "maskable_ppo":
+    if spec.requires_mask_env:
         from sb3_contrib.common.maskable.utils import is_masking_supported
 
         if not isinstance(env, str) and not is_masking_supported(env):
-            raise ConfigError("agent maskable_ppo needs an env with an action_masks() method")
+            raise ConfigError(f"agent {name} needs an env with an action_masks() method")
 
-    allowed = _constructor_params(cls) | {"net_arch", "activation"}
-    if name in ("double_dqn", "dqn"):
-        allowed |= PAPER_FIELDS
-    reject_unknown(f"{name} agent", kwargs, allowed)
+    reject_unknown(f"{name} agent", kwargs, spec.allowed_kwargs(cls))
+    if not spec.sb3_policy:
+        return cls(env, **kwargs)
 
     policy_kwargs = _policy_kwargs(kwargs)
-    if name in ("double_dqn", "dqn"):
-        overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in PAPER_FIELDS}
-        if "net_arch" in policy_kwargs:
-            overrides["net_arch"] = policy_kwargs.pop("net_arch")
-        kwargs = {**paper_kwargs(total_timesteps, episode_steps, **overrides), **kwargs}
-        policy_kwargs = {**kwargs.pop("policy_kwargs"), **policy_kwargs}
+    if spec.defaults is not None:
+        kwargs = spec.defaults({**kwargs, "policy_kwargs": policy_kwargs}, total_timesteps, episode_steps)
+        policy_kwargs = kwargs.pop("policy_kwargs")
     kwargs.setdefault("policy", "MlpPolicy")
     kwargs.setdefault("device", "cpu")
     if policy_kwargs:
@@ -130,7 +97,7 @@ def load_agent(name: str, path: str | Path, env: Any = None, **kwargs: Any) -> A
 
     SB3 models load on the CPU unless ``device`` is given.
     """
-    cls = agent_class(name)
-    if name != "reinforce":
+    spec = agent_spec(name)
+    if spec.sb3_policy:
         kwargs.setdefault("device", "cpu")
-    return cls.load(path, env=env, **kwargs)
+    return spec.load_class().load(path, env=env, **kwargs)

@@ -94,3 +94,22 @@ def paper_kwargs(
         else:
             kwargs[key] = value
     return kwargs
+
+
+def with_paper_defaults(
+    kwargs: dict[str, Any], total_timesteps: int | None = None, episode_steps: int | None = None
+) -> dict[str, Any]:
+    """``make_agent``'s keywords for ``DQN``/``DoubleDQN`` with the paper's defaults filled in.
+
+    ``kwargs`` come with ``net_arch`` and ``activation`` already folded into ``policy_kwargs``;
+    paper fields in ``kwargs`` (and ``policy_kwargs["net_arch"]``) override the paper's values,
+    other keys override the generated ones, and ``policy_kwargs`` is merged key by key.
+    """
+    kwargs = dict(kwargs)
+    policy_kwargs = dict(kwargs.pop("policy_kwargs", None) or {})
+    overrides = {k: kwargs.pop(k) for k in list(kwargs) if k in PAPER_FIELDS}
+    if "net_arch" in policy_kwargs:
+        overrides["net_arch"] = policy_kwargs.pop("net_arch")
+    kwargs = {**paper_kwargs(total_timesteps, episode_steps, **overrides), **kwargs}
+    kwargs["policy_kwargs"] = {**kwargs.pop("policy_kwargs"), **policy_kwargs}
+    return kwargs

@@ -89,7 +89,7 @@ def evaluate(cfg, out: Path | None = None) -> dict:
     import torch
 
     import llm_lb_gym  # noqa: F401
-    from llm_lb_gym.envs.rollout import make_env_router, rollout_agent, rollout_router
+    from llm_lb_gym.rollout import make_env_router, rollout_agent, rollout_router
 
     torch.set_num_threads(1)
     out = Path(out) if out is not None else run_dir(cfg)

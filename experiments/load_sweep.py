@@ -41,7 +41,7 @@ def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
-    from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+    from llm_lb_gym.rollout import make_env_router, rollout_router
     from llm_lb_gym.sim.request import Status
 
     from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS

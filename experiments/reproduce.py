@@ -68,7 +68,9 @@ def offered_rate_rps(kw: dict, seed: int) -> float:
 
 
 def _model_path(run: Path, agent: str) -> Path:
-    suffix = ".pt" if agent == "reinforce" else ".zip"
+    from agents import agent_spec
+
+    suffix = agent_spec(agent).file_suffix
     best = run / f"best_model{suffix}"
     return best if best.exists() else run / f"model{suffix}"
 

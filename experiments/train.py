@@ -30,8 +30,9 @@ Why the pieces are as they are:
   ``train.normalize_reward`` (default) divides the reward by a running estimate of the
   discounted return's standard deviation (SB3 ``VecNormalize``, rewards only; the replay buffer
   keeps raw rewards and normalises at sampling). ``train.reward_scale`` is a fixed multiplier
-  applied before it. ``reinforce`` trains on a plain env and standardises its returns per update
-  itself, so ``normalize_reward`` does not apply to it. ``info["reward_components"]`` and
+  applied before it. An agent that trains on a plain env rather than a VecEnv (``reinforce``;
+  ``AgentSpec.vectorized``) standardises its returns per update itself, so ``normalize_reward``
+  does not apply to it. ``info["reward_components"]`` and
   TensorBoard's ``reward/*`` stay raw.
 """
 
@@ -60,14 +61,16 @@ def _check_train_cfg(cfg) -> None:
     t = cfg.train
     from llm_lb_gym._validate import ConfigError
 
+    from agents import agent_spec
+
     if t.final_model not in FINAL_MODELS:
         raise ConfigError(f"train.final_model={t.final_model!r}; allowed: {', '.join(FINAL_MODELS)}")
     if t.final_model == "best" and not t.keep_best:
         raise ConfigError("train.final_model=best needs train.keep_best=true")
     if int(t.n_envs) < 1:
         raise ConfigError(f"train.n_envs={t.n_envs} must be >= 1")
-    if cfg.agent.name == "reinforce" and int(t.n_envs) != 1:
-        raise ConfigError(f"agent reinforce trains on one env; got train.n_envs={t.n_envs} (allowed: 1)")
+    if agent_spec(cfg.agent.name).single_env_only and int(t.n_envs) != 1:
+        raise ConfigError(f"agent {cfg.agent.name} trains on one env; got train.n_envs={t.n_envs} (allowed: 1)")
     if t.total_timesteps is None and int(t.episodes) < 1:
         raise ConfigError(f"train.episodes={t.episodes} must be >= 1 (or set train.total_timesteps)")
     if float(t.reward_scale) <= 0:
@@ -92,7 +95,7 @@ def measure_episode_steps(kw: dict, seed: int) -> int:
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+    from llm_lb_gym.rollout import make_env_router, rollout_router
 
     env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
     return rollout_router(env, make_env_router("round_robin", env.unwrapped), seed).steps
@@ -110,7 +113,7 @@ class Validator:
 
     def __init__(self, kw: dict, seeds: list[int], best_path: Path | None = None,
                  max_steps: int | None = None):
-        from llm_lb_gym.envs.rollout import make_env_router, rollout_router
+        from llm_lb_gym.rollout import make_env_router, rollout_router
 
         self.env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
         self.seeds = seeds
@@ -122,7 +125,7 @@ class Validator:
         self.best_step: int | None = None
 
     def __call__(self, model) -> dict[str, float]:
-        from llm_lb_gym.envs.rollout import rollout_agent
+        from llm_lb_gym.rollout import rollout_agent
 
         res = [rollout_agent(self.env, model, s, max_steps=self.max_steps) for s in self.seeds]
         e2e = np.array([r.metrics["mean_e2e_s"] for r in res])
@@ -147,17 +150,20 @@ class Validator:
 
 
 def _model_file(agent_name: str, stem: str) -> str:
-    return f"{stem}.pt" if agent_name == "reinforce" else f"{stem}.zip"
+    from agents import agent_spec
+
+    return stem + agent_spec(agent_name).file_suffix
 
 
 def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir: Path):
-    """The agent of ``cfg.agent`` on its training env(s) (a VecEnv for SB3, one env otherwise)."""
-    from agents import make_agent
+    """The agent of ``cfg.agent`` on its training env(s): a VecEnv if its spec is ``vectorized``
+    (SB3), one env otherwise."""
+    from agents import agent_spec, make_agent
 
     name = cfg.agent.name
     scale = float(cfg.train.reward_scale)
     agent_kw = dict(to_container(cfg.agent.get("kwargs")) or {})
-    if name == "reinforce":
+    if not agent_spec(name).vectorized:
         env = make_env(kw, scale)
     else:
         from stable_baselines3.common.env_util import make_vec_env

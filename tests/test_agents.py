@@ -21,8 +21,8 @@ from stable_baselines3.common.logger import configure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agents import (
-    AGENT_NAMES, Agent, DoubleDQN, EpisodeMetricsCallback, HeuristicAgent, PeriodicEvalCallback,
-    REINFORCEAgent, accepts_action_masks, load_agent, make_agent, predict_action,
+    AGENT_NAMES, AGENTS, Agent, DoubleDQN, EpisodeMetricsCallback, HeuristicAgent, PeriodicEvalCallback,
+    REINFORCEAgent, accepts_action_masks, agent_spec, load_agent, make_agent, predict_action,
 )
 from llm_lb_gym._validate import ConfigError
 
@@ -302,3 +302,21 @@ def test_load_agent_roundtrip_and_masked_ppo_learns(tmp_path):
     ppo = make_agent("maskable_ppo", env, n_steps=16, batch_size=16, n_epochs=1, seed=0)
     ppo.learn(32)
     assert ppo.num_timesteps == 32
+
+
+def test_agent_specs_match_what_the_agents_do(tmp_path):
+    """The registry's data must describe the real classes: mask support, model file suffix."""
+    env = FakeClusterEnv()
+    assert tuple(AGENTS) == AGENT_NAMES
+    for name, spec in AGENTS.items():
+        assert spec.name == name
+        agent = make_agent(name, env)
+        assert accepts_action_masks(agent) == spec.supports_masks, name
+        saved = tmp_path / f"{name}{spec.file_suffix}"
+        agent.save(saved)
+        assert [p.name for p in tmp_path.glob(f"{name}*")] == [saved.name], name
+        assert type(load_agent(name, saved)) is spec.load_class(), name
+        assert not spec.single_env_only or not spec.vectorized, name
+    with pytest.raises(ConfigError, match="unknown agent 'ppo'; allowed: double_dqn, dqn, maskable_ppo, reinforce"):
+        agent_spec("ppo")
+

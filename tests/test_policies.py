@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from llm_lb_gym._validate import ConfigError
-from llm_lb_gym.envs.mixing import MixingParams, mixing_scores
+from llm_lb_gym.policies.mixing import MixingParams, mixing_scores
 from llm_lb_gym.policies import ROUTERS, QueueRouter, Router, make_router, router_options, run_router
 from llm_lb_gym.policies.drive import build_table, decide
 from llm_lb_gym.predictor.buckets import BucketScheme
@@ -320,11 +320,11 @@ def test_every_router_finishes_an_episode(name):
 def test_registry_names_and_errors():
     assert ROUTERS == ("round_robin", "random", "jsq", "max_capacity", "min_min", "decode_balancer",
                        "dedicated_small_large", "least_requests", "power_of_two", "mixing_greedy",
-                       "kv_queue_scorer")
+                       "kv_queue_scorer", "late_binding")
     for name in ROUTERS:
         r = make_router(name)
         assert r.name == name and isinstance(r, Router)
-        assert isinstance(r, QueueRouter) == (name == "min_min")
+        assert isinstance(r, QueueRouter) == (name in ("min_min", "late_binding"))
     with pytest.raises(ConfigError, match="unknown router 'rr'; allowed: .*round_robin"):
         make_router("rr")
     with pytest.raises(ConfigError, match="unknown router 'jsq' option.*: period_s"):

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .._validate import ConfigError, check_choice, check_int, check_range, reject_unknown
+from ..policies.mixing import MixingParams
 from ..sim.config import EngineConfig
-from .mixing import MixingParams
 
 GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
 DISCOUNTS = ("semi_mdp", "per_step")
@@ -43,9 +43,11 @@ class RewardConfig:
     completion_reward: float = 60.0
     """r_w: reward per completed request (paper: 60)."""
     guidance_scale: float = 1.0
-    """gamma: the guidance weight at episode 0 (and the constant weight of workload_aware)."""
+    """gamma: the guidance weight at episode 0 (and the constant weight of workload_aware). The
+    paper gives none; training uses 10 (``conf/reward/workload_*.yaml`` say why)."""
     decay: float = 0.5
-    """beta_d: per-episode decay of the guidance weight (paper: 0.5)."""
+    """beta_d: per-episode decay of the guidance weight (paper: 0.5). Training uses 0.1
+    (``conf/reward/workload_guided.yaml`` says why)."""
     penalty_scale: float = 1.0
     """Multiplier of the in-system penalty term."""
     mixing: MixingParams = field(default_factory=MixingParams)

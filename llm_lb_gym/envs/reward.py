@@ -21,9 +21,9 @@ import math
 
 import numpy as np
 
+from ..policies.mixing import mixing_score
 from ..sim.latency import LatencyModel
 from .config import RewardConfig
-from .mixing import mixing_score
 
 
 def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decode_tokens: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """Mixing-greedy: the instance where the paper's mixing estimator predicts the least harm.
 
-The analytic estimator of §5.2 (``envs/mixing.py``) scores placing request i on instance l from
+The analytic estimator of §5.2 (``policies/mixing.py``) scores placing request i on instance l from
 i's prompt and predicted decode and l's committed tokens: a prompt term that penalises long
 prefills landing on busy instances, and a decode term that grows with the tokens already there.
 The workload-guided reward's heuristic term measures the agent against exactly this choice, so
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._validate import check_range
-from ..envs.mixing import MixingParams, cluster_mixing_scores
 from .base import RouterBase, argmax
+from .mixing import MixingParams, cluster_mixing_scores
 
 _DEFAULT = MixingParams()
 

@@ -1,22 +1,17 @@
-"""Agents that do not come from Stable-Baselines3: a template for plugging in your own.
+"""REINFORCE: an agent that does not come from Stable-Baselines3, a template for your own.
 
 An agent only needs the :class:`agents.base.Agent` methods (``learn``, ``predict``, ``save``,
-``load``). Two examples:
-
-- :class:`REINFORCEAgent`: Monte-Carlo policy gradient in about a hundred lines of PyTorch, with
-  a masked softmax over the actions (invalid actions get probability 0). It accepts SB3
-  callbacks, so ``EpisodeMetricsCallback`` logs its episodes to TensorBoard like any SB3 model.
-- :class:`HeuristicAgent`: wraps a hand-written routing rule ``policy(obs, info) -> action`` so
-  heuristics run through the same evaluation code as learned agents.
+``load``). :class:`REINFORCEAgent` is Monte-Carlo policy gradient in about a hundred lines of
+PyTorch, with a masked softmax over the actions (invalid actions get probability 0). It accepts
+SB3 callbacks, so ``EpisodeMetricsCallback`` logs its episodes to TensorBoard like any SB3 model.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch as th
@@ -307,49 +302,3 @@ class REINFORCEAgent:
         if env is not None:
             agent.set_env(env)
         return agent
-
-
-class HeuristicAgent:
-    """A fixed routing rule behind the agent interface: ``policy(obs, info) -> action``.
-
-    ``learn`` is a no-op that runs no training and returns the agent, so training scripts can
-    treat heuristics and learned agents alike. ``predict`` passes ``info`` through when given;
-    otherwise the policy sees ``{"action_mask": action_masks}`` (or ``{}``). A rule that needs the
-    cluster's state rather than the observation can close over the env. ``save`` pickles the
-    callable with cloudpickle (lambdas and closures included); load only files you trust.
-    """
-
-    def __init__(self, policy: Callable[[Any, Mapping[str, Any]], int]) -> None:
-        if not callable(policy):
-            raise ConfigError(f"policy={policy!r} must be callable as policy(obs, info) -> action")
-        self.policy = policy
-
-    def learn(self, total_timesteps: int, callback: Any = None) -> HeuristicAgent:
-        """No training: a heuristic has nothing to learn."""
-        return self
-
-    def predict(
-        self,
-        observation: Any,
-        state: Any = None,
-        episode_start: Any = None,
-        deterministic: bool = True,
-        action_masks: np.ndarray | None = None,
-        info: Mapping[str, Any] | None = None,
-    ) -> tuple[np.ndarray, None]:
-        """The policy's action for one observation; raises if it picks a masked action."""
-        if info is None:
-            info = {} if action_masks is None else {"action_mask": action_masks}
-        action = int(self.policy(observation, info))
-        if action_masks is not None and not np.asarray(action_masks, dtype=bool).reshape(-1)[action]:
-            raise ValueError(f"heuristic policy chose action {action}, which action_masks marks invalid")
-        return np.asarray(action), None
-
-    def save(self, path: str | Path) -> None:
-        with open(path, "wb") as f:
-            cloudpickle.dump(self.policy, f)
-
-    @classmethod
-    def load(cls, path: str | Path, env: Any = None) -> HeuristicAgent:
-        with open(path, "rb") as f:
-            return cls(cloudpickle.load(f))

@@ -11,7 +11,9 @@ Higher is better. ``sum_j (p_j + d_j)`` is the instance's committed tokens (prom
 decode of every request routed there and not finished), an O(1) aggregate of the engine.
 Defaults: the paper's V100 gradients (grad1 = 3.2e-4, grad2 = 3.3e-5), alpha = 0.5, and
 eps = 0.5 s, the paper's heavy-prompt threshold (prefill >= 0.5 s); the paper does not state
-eps, so it is an option. The mixing-greedy router and the guidance reward both use it.
+eps, so it is an option. The mixing-greedy router and the guidance reward both use it; it lives
+here, beside the router, because it reads only the simulator's state, and the env's reward
+imports it from here (envs -> policies points down the layers).
 """
 
 from __future__ import annotations

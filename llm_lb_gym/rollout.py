@@ -3,17 +3,59 @@
 One function per kind of decision maker, both returning the same ``EpisodeResult``, so an
 evaluation can put heuristics and agents side by side on identical seeded episodes: the seed
 fixes the workload sample and the predictions, so every policy sees the same requests.
+
+This module sits at the env's level of the package (it imports ``envs``, ``policies`` and
+``sim``; none of those import it) and knows agents only by SB3's ``predict`` signature, so the
+package never imports the top-level ``agents`` package. :func:`predict_action` and
+:func:`accepts_action_masks` live here for that reason; ``agents.base`` re-exports them.
+
+Action masks are an optional extra: SB3's plain ``DQN`` has no ``action_masks`` argument, while
+``DoubleDQN``, ``MaskablePPO`` and the custom agents do. :func:`predict_action` passes the mask
+only to agents that accept it, so evaluation code can always hand the env's mask over.
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from ..sim.metrics import request_latencies
-from .cluster_env import LLMClusterEnv
-from .routers import make_env_router  # noqa: F401  (re-exported: evaluation code imports it from here)
+from .envs.cluster_env import LLMClusterEnv
+from .envs.routers import make_env_router  # noqa: F401  (re-exported: evaluation code imports it from here)
+from .sim.metrics import request_latencies
+
+
+def accepts_action_masks(agent: Any) -> bool:
+    """Whether ``agent.predict`` takes an ``action_masks`` keyword (MaskablePPO, DoubleDQN, ...)."""
+    try:
+        params = inspect.signature(agent.predict).parameters
+    except (TypeError, ValueError):
+        return False
+    return "action_masks" in params or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    )
+
+
+def predict_action(
+    agent: Any,
+    observation: Any,
+    action_masks: np.ndarray | None = None,
+    deterministic: bool = True,
+) -> int:
+    """One action for one (non-vectorised) observation, masked when the agent supports it.
+
+    Agents without mask support get the plain call; with the env's usual all-valid mask the
+    result is the same, which is why evaluation can use this for every agent alike.
+    """
+    if action_masks is not None and accepts_action_masks(agent):
+        action, _ = agent.predict(
+            observation, deterministic=deterministic, action_masks=action_masks
+        )
+    else:
+        action, _ = agent.predict(observation, deterministic=deterministic)
+    return int(np.asarray(action).reshape(-1)[0])
 
 
 @dataclass
@@ -32,7 +74,7 @@ def _finish(env: LLMClusterEnv, info: dict, ret: float, steps: int) -> EpisodeRe
 
 def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None = None) -> EpisodeResult:
     """One episode driven by a heuristic router (``llm_lb_gym.policies``)."""
-    from ..policies.drive import decide
+    from .policies.drive import decide
 
     env = env.unwrapped
     env.reset(seed=seed)
@@ -55,8 +97,6 @@ def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None 
 def rollout_agent(env, agent, seed: int, deterministic: bool = True,
                   max_steps: int | None = None) -> EpisodeResult:
     """One episode driven by an agent with ``predict(obs, ...)`` (SB3 models, ``agents.*``)."""
-    from agents.base import predict_action
-
     base = env.unwrapped
     obs, info = env.reset(seed=seed)
     ret, steps = 0.0, 0
