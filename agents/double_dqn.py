@@ -12,10 +12,22 @@ gradient-norm clipping, n-step discounts, ``train/loss`` and ``train/n_updates``
 target factored into :meth:`DoubleDQN._target_q` so tests can check it in isolation. Everything
 else (replay buffer, epsilon schedule, target-network sync, save/load) is SB3's.
 
-Masking: in ``LLMCluster-v0`` every action is usually valid (routing with an empty router queue is
-a harmless no-op), so training does not mask. ``predict(..., action_masks=...)`` lets evaluation
-forbid actions anyway: masked actions get ``-inf`` Q-values and epsilon-exploration samples only
-among valid actions, matching ``MaskablePPO.predict``'s signature.
+Semi-MDP and masks: with ``replay_buffer_class=SemiMDPReplayBuffer`` (the factory's default for
+``LLMCluster-v0``) each transition carries its own discount (``info["discount"]``: gamma_s ** dt
+for a step of dt simulated seconds) and the next state's action mask, and the target becomes
+
+    y = r + (1 - done) * discount * Q_target(s', argmax_{a valid in s'} Q_online(s', a)).
+
+Exploration asks the env for its mask (``env_method("action_masks")``) and samples, and
+maximises, over valid actions only. ``predict(..., action_masks=...)`` does the same for
+evaluation (masked actions get ``-inf``), matching ``MaskablePPO.predict``'s signature.
+
+Demonstrations (DQfD, Hester et al. 2018): with ``set_demonstrations(buffer, ...)`` every
+gradient step also draws a share of its batch from a fixed buffer of a teacher's transitions
+and adds a large-margin loss on them, max_a [Q(s, a) + margin * (a != a_E)] - Q(s, a_E), whose
+weight decays linearly to zero, so a warm start from a good heuristic is kept while the TD loss
+takes over. :meth:`pretrain` runs such steps on the demonstrations alone (the behaviour-cloning
+warm start, ``agents.imitation``).
 """
 
 from __future__ import annotations
@@ -30,6 +42,9 @@ from torch.nn import functional as F
 from llm_lb_gym._validate import ConfigError
 
 
+DEMO_LOSSES = ("ce", "margin")
+
+
 class DoubleDQN(DQN):
     """SB3 ``DQN`` with the Double-DQN target and mask-aware ``predict``.
 
@@ -38,55 +53,175 @@ class DoubleDQN(DQN):
     :func:`agents.paper_defaults.paper_kwargs`.
     """
 
+    demo_buffer: Any = None
+    demo_fraction: float = 0.0
+    demo_margin: float = 0.0
+    demo_weight: float = 0.0
+    demo_decay_updates: int = 1
+    demo_loss: str = "ce"
+
+    def _excluded_save_params(self) -> list[str]:
+        # Demonstrations are training data, rebuilt from the teacher; not part of the model.
+        return [*super()._excluded_save_params(), "demo_buffer"]
+
     def _target_q(
         self,
         next_observations: th.Tensor,
         rewards: th.Tensor,
         dones: th.Tensor,
         discounts: th.Tensor | float | None = None,
+        next_masks: th.Tensor | None = None,
     ) -> th.Tensor:
         """Double-DQN TD target, shape ``(batch, 1)``; no gradient flows through it.
 
-        ``discounts`` is gamma (default) or, with SB3's n-step replay, gamma**n per sample;
-        ``rewards`` and ``dones`` have shape ``(batch, 1)`` as SB3's replay samples do.
+        ``discounts`` is gamma (default), gamma**n per sample with SB3's n-step replay, or the
+        env's per-transition discount (``SemiMDPReplayBuffer``); ``next_masks`` (batch,
+        n_actions) restricts the online argmax to actions valid in s'. ``rewards`` and ``dones``
+        have shape ``(batch, 1)`` as SB3's replay samples do.
         """
         if discounts is None:
             discounts = self.gamma
         with th.no_grad():
-            # Online network selects, target network evaluates.
-            next_actions = self.q_net(next_observations).argmax(dim=1, keepdim=True)
+            # Online network selects (among valid actions), target network evaluates.
+            online = self.q_net(next_observations)
+            if next_masks is not None:
+                online = online.masked_fill(~next_masks, -th.inf)
+            next_actions = online.argmax(dim=1, keepdim=True)
             next_q_values = th.gather(self.q_net_target(next_observations), dim=1, index=next_actions)
             return rewards + (1 - dones) * discounts * next_q_values
 
+    def _td_loss(self, data) -> th.Tensor:
+        # For n-step or semi-MDP replay the per-sample discount comes with the sample.
+        discounts = getattr(data, "discounts", None)
+        discounts = discounts if discounts is not None else self.gamma
+        target = self._target_q(data.next_observations, data.rewards, data.dones, discounts,
+                                getattr(data, "next_masks", None))
+        current = th.gather(self.q_net(data.observations), dim=1, index=data.actions.long())
+        return F.smooth_l1_loss(current, target)
+
+    def _margin_loss(self, data) -> th.Tensor:
+        """The imitation term on demonstrations. ``margin`` (DQfD's large margin): the teacher's
+        action must beat every other action by ``demo_margin`` (in the learner's reward units).
+        ``ce``: cross-entropy of the teacher's action under softmax(Q / demo_margin), a smooth
+        version that pulls every action's value, not only the violators' (measured: 87% teacher
+        agreement where the hinge reached 80%, near capacity, same steps)."""
+        q = self.q_net(data.observations)
+        a = data.actions.long()
+        if self.demo_loss == "ce":
+            return F.cross_entropy(q / self.demo_margin, a.reshape(-1))
+        bonus = th.full_like(q, self.demo_margin).scatter(1, a, 0.0)
+        return ((q + bonus).max(dim=1, keepdim=True).values - th.gather(q, 1, a)).mean()
+
+    def set_demonstrations(self, buffer, fraction: float = 0.25, margin: float = 0.8,
+                           weight: float = 1.0, decay_updates: int = 10_000, loss: str = "ce") -> None:
+        """Mix a teacher's transitions into every update (see the module docstring). The margin
+        loss weight falls linearly from ``weight`` to 0 over ``decay_updates`` gradient steps
+        counted from now; the demonstrations' TD share stays."""
+        from llm_lb_gym._validate import check_int, check_range
+
+        check_range("imitation.demo_fraction", fraction, 0.0, 1.0, hi_open=True)
+        check_range("imitation.margin", margin, 0.0)
+        check_range("imitation.margin_weight", weight, 0.0)
+        check_int("imitation.margin_decay_updates", decay_updates, 1)
+        from llm_lb_gym._validate import check_choice
+
+        check_choice("imitation.loss", loss, DEMO_LOSSES)
+        if loss == "ce" and margin <= 0:
+            raise ConfigError(f"imitation.margin={margin} must be > 0 with loss=ce (it is the softmax temperature)")
+        self.demo_loss = loss
+        if buffer is None or buffer.size() == 0:
+            raise ConfigError("set_demonstrations needs a non-empty buffer of transitions")
+        self.demo_buffer = buffer
+        self.demo_fraction = float(fraction)
+        self.demo_margin = float(margin)
+        self.demo_weight = float(weight)
+        self.demo_decay_updates = int(decay_updates)
+        self._demo_start = self._n_updates
+
+    def _demo_weight_now(self) -> float:
+        done = self._n_updates - getattr(self, "_demo_start", 0)
+        return self.demo_weight * max(0.0, 1.0 - done / self.demo_decay_updates)
+
+    def _gradient_step(self, loss: th.Tensor) -> None:
+        self.policy.optimizer.zero_grad()
+        loss.backward()
+        th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
+        self.policy.optimizer.step()
+
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
-        """SB3 ``DQN.train`` with the target replaced by :meth:`_target_q`."""
+        """SB3 ``DQN.train`` with the target of :meth:`_target_q`, plus demonstrations if set."""
         self.policy.set_training_mode(True)
         self._update_learning_rate(self.policy.optimizer)
 
-        losses = []
+        losses, margins = [], []
+        n_demo = int(round(batch_size * self.demo_fraction)) if self.demo_buffer is not None else 0
         for _ in range(gradient_steps):
-            replay_data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env)  # type: ignore[union-attr]
-            # For n-step replay the per-sample discount is gamma**n (shorter on early termination).
-            discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
-            target_q_values = self._target_q(
-                replay_data.next_observations, replay_data.rewards, replay_data.dones, discounts
-            )
-
-            current_q_values = self.q_net(replay_data.observations)
-            current_q_values = th.gather(current_q_values, dim=1, index=replay_data.actions.long())
-
-            loss = F.smooth_l1_loss(current_q_values, target_q_values)
+            replay_data = self.replay_buffer.sample(batch_size - n_demo, env=self._vec_normalize_env)  # type: ignore[union-attr]
+            loss = self._td_loss(replay_data)
+            if n_demo:
+                demo = self.demo_buffer.sample(n_demo)
+                share = n_demo / batch_size
+                loss = (1 - share) * loss + share * self._td_loss(demo)
+                w = self._demo_weight_now()
+                if w > 0:
+                    margin = self._margin_loss(demo)
+                    margins.append(margin.item())
+                    loss = loss + w * margin
             losses.append(loss.item())
-
-            self.policy.optimizer.zero_grad()
-            loss.backward()
-            th.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm)
-            self.policy.optimizer.step()
-
-        self._n_updates += gradient_steps
+            self._gradient_step(loss)
+            self._n_updates += 1
 
         self.logger.record("train/n_updates", self._n_updates, exclude="tensorboard")
         self.logger.record("train/loss", np.mean(losses))
+        if margins:
+            self.logger.record("train/demo_margin_loss", np.mean(margins))
+            self.logger.record("train/demo_margin_weight", self._demo_weight_now())
+
+    def pretrain(self, gradient_steps: int, batch_size: int | None = None,
+                 target_update_interval: int = 500) -> dict[str, float]:
+        """Steps on the demonstrations alone (TD + margin, full margin weight): the warm start.
+        The target network is synced every ``target_update_interval`` steps. Returns the last
+        losses and the teacher-action agreement of the greedy policy on a demo batch."""
+        if self.demo_buffer is None:
+            raise ConfigError("pretrain needs set_demonstrations(...) first")
+        batch_size = batch_size or self.batch_size
+        self.policy.set_training_mode(True)
+        td = margin = 0.0
+        for step in range(gradient_steps):
+            demo = self.demo_buffer.sample(batch_size)
+            td_l = self._td_loss(demo)
+            m_l = self._margin_loss(demo)
+            self._gradient_step(td_l + self.demo_weight * m_l)
+            td, margin = td_l.item(), m_l.item()
+            if (step + 1) % target_update_interval == 0:
+                self.q_net_target.load_state_dict(self.q_net.state_dict())
+        self.q_net_target.load_state_dict(self.q_net.state_dict())
+        self.policy.set_training_mode(False)
+        with th.no_grad():
+            demo = self.demo_buffer.sample(min(4096, self.demo_buffer.size()))
+            agree = (self.q_net(demo.observations).argmax(1) == demo.actions.long().reshape(-1)).float().mean()
+        return {"td_loss": td, "margin_loss": margin, "teacher_agreement": float(agree)}
+
+    def _current_masks(self) -> np.ndarray | None:
+        env = self.env
+        if env is None or not hasattr(env, "env_method"):
+            return None
+        try:
+            return np.stack(env.env_method("action_masks"))
+        except AttributeError:
+            return None
+
+    def _sample_action(self, learning_starts: int, action_noise=None, n_envs: int = 1):
+        """SB3's exploration, restricted to the env's valid actions when it has masks."""
+        masks = self._current_masks()
+        if masks is None:
+            return super()._sample_action(learning_starts, action_noise, n_envs)
+        if self.num_timesteps < learning_starts:
+            action = np.array([np.random.choice(np.flatnonzero(row)) for row in masks])
+        else:
+            action, _ = self.predict(self._last_obs, deterministic=False, action_masks=masks)
+        action = np.asarray(action).reshape(n_envs)
+        return action, action
 
     def predict(  # type: ignore[override]
         self,

@@ -9,6 +9,12 @@ fails with the list of accepted names. Two conveniences on top:
   ``activation_fn`` (a string ``policy_kwargs.activation_fn`` is mapped too).
 - ``total_timesteps`` and ``episode_steps`` are schedule hints: the DQN variants use them to end
   epsilon-exploration at ``exploration_end_episode`` (paper: 20); other agents ignore them.
+- ``policy="equivariant"`` (``agents.equivariant``) picks the per-instance shared network for
+  ``double_dqn``, ``dqn`` and ``maskable_ppo`` and passes it the env's observation layout;
+  ``policy="mlp"`` (default) is SB3's MLP.
+- Off-policy agents whose spec says ``semi_mdp_replay`` store each transition's discount from
+  the env (``agents.replay.SemiMDPReplayBuffer``); their discount is the env's
+  ``reward.discount`` / ``reward.horizon_s``, so ``gamma`` is refused as an agent option.
 
 What differs between agents (accepted keywords, defaults, SB3 or not, mask needs) is read from
 their :class:`agents.registry.AgentSpec`: ``double_dqn`` and ``dqn`` start from the paper's
@@ -24,6 +30,7 @@ from typing import Any
 
 from llm_lb_gym._validate import ConfigError, reject_unknown
 
+from agents.equivariant import POLICY_NAMES, obs_layout_of, policy_for
 from agents.nets import activation_class, net_arch_value
 from agents.registry import AGENT_NAMES, agent_spec
 
@@ -35,9 +42,23 @@ def agent_class(name: str) -> type:
     return agent_spec(name).load_class()
 
 
+def _semi_mdp_env(env: Any) -> bool:
+    """Whether ``env`` is (a VecEnv of) ``LLMCluster-v0``, whose steps report their discount."""
+    if isinstance(env, str):
+        return env.startswith("LLMCluster")
+    try:
+        obs_layout_of(env)
+    except (AttributeError, TypeError):
+        return False
+    return True
+
+
 def _policy_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Fold top-level ``net_arch``/``activation`` into ``policy_kwargs`` with real classes."""
+    """Fold top-level ``net_arch``/``activation``/``embed_dim`` into ``policy_kwargs`` with real
+    classes."""
     policy_kwargs = dict(kwargs.pop("policy_kwargs", None) or {})
+    if "embed_dim" in kwargs:
+        policy_kwargs["embed_dim"] = kwargs.pop("embed_dim")
     if "net_arch" in kwargs:
         policy_kwargs["net_arch"] = kwargs.pop("net_arch")
     if "activation" in kwargs:
@@ -85,6 +106,19 @@ def make_agent(
     if spec.defaults is not None:
         kwargs = spec.defaults({**kwargs, "policy_kwargs": policy_kwargs}, total_timesteps, episode_steps)
         policy_kwargs = kwargs.pop("policy_kwargs")
+    if isinstance(kwargs.get("policy", "mlp"), str) and kwargs.get("policy", "mlp") in POLICY_NAMES:
+        kwargs["policy"] = policy_for(name, kwargs.get("policy", "mlp"))
+        if kwargs["policy"] != "MlpPolicy":
+            policy_kwargs["layout"] = obs_layout_of(env)
+    elif "embed_dim" in policy_kwargs:
+        raise ConfigError("embed_dim is an option of policy=equivariant")
+    if spec.semi_mdp_replay and _semi_mdp_env(env):
+        if "gamma" in kwargs:
+            raise ConfigError(f"{name}: gamma is set by the env here (reward.discount, reward.horizon_s "
+                              "or reward.gamma), not by the agent; remove agent.kwargs.gamma")
+        from agents.replay import SemiMDPReplayBuffer
+
+        kwargs.setdefault("replay_buffer_class", SemiMDPReplayBuffer)
     kwargs.setdefault("policy", "MlpPolicy")
     kwargs.setdefault("device", "cpu")
     if policy_kwargs:

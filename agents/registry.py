@@ -17,8 +17,9 @@ from llm_lb_gym._validate import lookup
 
 from agents.paper_defaults import PAPER_FIELDS, with_paper_defaults
 
-PLAIN_POLICY_KWARGS = frozenset({"net_arch", "activation"})
-"""Top-level keywords the factory folds into an SB3 agent's ``policy_kwargs``."""
+PLAIN_POLICY_KWARGS = frozenset({"net_arch", "activation", "embed_dim"})
+"""Top-level keywords the factory folds into an SB3 agent's ``policy_kwargs`` (``embed_dim``:
+the equivariant policy's embedding width)."""
 
 
 def constructor_params(cls: type) -> frozenset[str]:
@@ -95,6 +96,10 @@ class AgentSpec:
     MLPs are too small to gain from a GPU)."""
     allowed_kwargs: Callable[[type], frozenset[str]]
     """The keywords ``make_agent`` accepts, given the class; a typo fails with this list."""
+    semi_mdp_replay: bool = False
+    """An off-policy SB3 agent whose replay stores each transition's discount and next mask
+    (``agents.replay.SemiMDPReplayBuffer``): the discount then comes from the env
+    (``reward.discount``, ``reward.horizon_s``), so ``gamma`` is not an agent option."""
     defaults: Callable[[dict[str, Any], int | None, int | None], dict[str, Any]] | None = None
     """``(kwargs, total_timesteps, episode_steps) -> kwargs`` with the defaults filled in (the
     paper's settings for the DQN variants, so the two differ only in the target); None: the
@@ -106,10 +111,12 @@ AGENTS: dict[str, AgentSpec] = {
     for spec in (
         AgentSpec("double_dqn", _double_dqn, vectorized=True, single_env_only=False,
                   supports_masks=True, requires_mask_env=False, file_suffix=".zip",
-                  sb3_policy=True, allowed_kwargs=_paper_dqn_kwargs, defaults=with_paper_defaults),
+                  sb3_policy=True, allowed_kwargs=_paper_dqn_kwargs, semi_mdp_replay=True,
+                  defaults=with_paper_defaults),
         AgentSpec("dqn", _dqn, vectorized=True, single_env_only=False,
                   supports_masks=False, requires_mask_env=False, file_suffix=".zip",
-                  sb3_policy=True, allowed_kwargs=_paper_dqn_kwargs, defaults=with_paper_defaults),
+                  sb3_policy=True, allowed_kwargs=_paper_dqn_kwargs, semi_mdp_replay=True,
+                  defaults=with_paper_defaults),
         AgentSpec("maskable_ppo", _maskable_ppo, vectorized=True, single_env_only=False,
                   supports_masks=True, requires_mask_env=True, file_suffix=".zip",
                   sb3_policy=True, allowed_kwargs=_sb3_kwargs),

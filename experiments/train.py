@@ -23,17 +23,23 @@ Why the pieces are as they are:
   aid, and latency, not reward, is what is compared.
 - Validation seeds (``train.eval_seed``) differ from the final test seeds (``eval.seed``), so
   picking the best checkpoint does not peek at the test episodes.
-- The raw reward's scale depends on the load by orders of magnitude: the in-system penalty sums
-  over every request in the system, about -40 per step at 20 req/s on the default V100 cluster
-  and about -12,500 per step in the overloaded ``paper_v100_kv_limited`` setting. A fixed scale
-  that suits one regime leaves Huber-loss DQN with TD errors in the hundreds in another, so
-  ``train.normalize_reward`` (default) divides the reward by a running estimate of the
-  discounted return's standard deviation (SB3 ``VecNormalize``, rewards only; the replay buffer
-  keeps raw rewards and normalises at sampling). ``train.reward_scale`` is a fixed multiplier
-  applied before it. An agent that trains on a plain env rather than a VecEnv (``reinforce``;
-  ``AgentSpec.vectorized``) standardises its returns per update itself, so ``normalize_reward``
-  does not apply to it. ``info["reward_components"]`` and
-  TensorBoard's ``reward/*`` stay raw.
+- The return must mean something in simulated time. ``LLMCluster-v0`` reports each step's
+  discount (``info["discount"]``: gamma_s ** dt under the default ``reward.discount=semi_mdp``),
+  and the DQN variants store it per transition (``agents.replay.SemiMDPReplayBuffer``), so the
+  horizon is ``reward.horizon_s`` seconds whatever the number of routing steps in between.
+- The reward's scale depends on the load by orders of magnitude (the in-system penalty sums
+  over every request in the system). ``train.reward_scale: auto`` (default) fixes one scale per
+  setting before training: 1 / (round robin's penalty per second x horizon), measured on the
+  same round-robin episode that sizes the schedule, so a discounted return is of order 1 in
+  every regime. A fixed scale, not a running normaliser: ``VecNormalize`` divides by a running
+  return std and clips at +-10, which cut off the one step that carries a drain's penalty and
+  left TD errors near 1e-3 (``train.normalize_reward`` keeps it available, unclipped). An agent
+  that trains on a plain env rather than a VecEnv (``reinforce``) standardises its returns
+  itself. ``info["reward_components"]`` and TensorBoard's ``reward/*`` stay raw.
+- ``train.imitation.teacher`` warm-starts the DQN variants from a registered router
+  (``agents.imitation``): its transitions are collected on seeds of their own, the network is
+  pretrained on them (TD + DQfD's large margin), and they stay in every update with a margin
+  weight that decays over ``margin_decay_episodes``.
 """
 
 from __future__ import annotations
@@ -73,8 +79,26 @@ def _check_train_cfg(cfg) -> None:
         raise ConfigError(f"agent {cfg.agent.name} trains on one env; got train.n_envs={t.n_envs} (allowed: 1)")
     if t.total_timesteps is None and int(t.episodes) < 1:
         raise ConfigError(f"train.episodes={t.episodes} must be >= 1 (or set train.total_timesteps)")
-    if float(t.reward_scale) <= 0:
-        raise ConfigError(f"train.reward_scale={t.reward_scale} must be > 0")
+    if t.reward_scale != "auto":
+        try:
+            bad = float(t.reward_scale) <= 0
+        except (TypeError, ValueError):
+            bad = True
+        if bad:
+            raise ConfigError(f"train.reward_scale={t.reward_scale!r}; allowed: 'auto' or a number > 0")
+    im = cfg.train.get("imitation") or {}
+    if im.get("teacher") is not None:
+        from llm_lb_gym.policies.registry import ROUTERS
+        from llm_lb_gym._validate import check_choice, check_int
+
+        check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
+        from agents import agent_spec
+
+        if not agent_spec(cfg.agent.name).semi_mdp_replay:
+            raise ConfigError(f"train.imitation warm-starts the DQN variants (double_dqn, dqn); "
+                              f"agent {cfg.agent.name!r} cannot take demonstrations")
+        for key in ("episodes", "pretrain_steps", "margin_decay_episodes"):
+            check_int(f"train.imitation.{key}", im.get(key), 1 if key == "episodes" else 0)
 
 
 def make_env(kw: dict, reward_scale: float = 1.0):
@@ -89,16 +113,51 @@ def make_env(kw: dict, reward_scale: float = 1.0):
     return env
 
 
-def measure_episode_steps(kw: dict, seed: int) -> int:
-    """Steps of one round-robin episode: the schedule hint for exploration and evaluation.
+def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
+    """One round-robin episode: its steps (the schedule hint for exploration and evaluation)
+    and its in-system penalty per simulated second (what ``reward_scale: auto`` divides by).
 
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.rollout import make_env_router, rollout_router
+    from llm_lb_gym.rollout import make_env_router
 
-    env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
-    return rollout_router(env, make_env_router("round_robin", env.unwrapped), seed).steps
+    env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}).unwrapped
+    router = make_env_router("round_robin", env)
+    env.reset(seed=seed)
+    router.reset(np.random.default_rng([seed, 7]), env.m)
+    from llm_lb_gym.policies.drive import decide
+
+    steps, penalty = 0, 0.0
+    while True:
+        c = env.cluster
+        choice = decide(c, router) if c.queue else None
+        _, _, term, trunc, info = (env.route_step(env.m) if choice is None
+                                   else env.route_step(choice[1], choice[0]))
+        steps += 1
+        penalty += -info["reward_components"]["penalty"]
+        if term or trunc:
+            break
+    duration = max(env.cluster.t, 1e-9)
+    return {"steps": steps, "penalty_per_s": penalty / duration, "steps_per_s": steps / duration}
+
+
+def auto_reward_scale(kw: dict, rr: dict[str, float]) -> float:
+    """1 / (round robin's penalty per second x the return's horizon): discounted returns of
+    order 1. Per-step discounting: the horizon is 1 / (1 - gamma) steps."""
+    from llm_lb_gym.envs.config import RewardConfig
+
+    rc = RewardConfig(**{k: v for k, v in (kw.get("reward") or {}).items()})
+    if rc.discount == "semi_mdp":
+        horizon_penalty = rr["penalty_per_s"] * rc.horizon_s
+    else:
+        horizon_penalty = rr["penalty_per_s"] / rr["steps_per_s"] / max(1.0 - rc.gamma, 1e-6)
+    return 1.0 / max(horizon_penalty, 1e-12)
+
+
+def measure_episode_steps(kw: dict, seed: int) -> int:
+    """Steps of one round-robin episode (see :func:`measure_round_robin`)."""
+    return int(measure_round_robin(kw, seed)["steps"])
 
 
 class Validator:
@@ -155,13 +214,13 @@ def _model_file(agent_name: str, stem: str) -> str:
     return stem + agent_spec(agent_name).file_suffix
 
 
-def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir: Path):
+def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir: Path,
+                scale: float = 1.0):
     """The agent of ``cfg.agent`` on its training env(s): a VecEnv if its spec is ``vectorized``
-    (SB3), one env otherwise."""
+    (SB3), one env otherwise; rewards multiplied by ``scale``."""
     from agents import agent_spec, make_agent
 
     name = cfg.agent.name
-    scale = float(cfg.train.reward_scale)
     agent_kw = dict(to_container(cfg.agent.get("kwargs")) or {})
     if not agent_spec(name).vectorized:
         env = make_env(kw, scale)
@@ -174,9 +233,36 @@ def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir:
             from stable_baselines3.common.vec_env import VecNormalize
 
             gamma = float(agent_kw.get("gamma", 0.99))
-            env = VecNormalize(env, norm_obs=False, norm_reward=True, gamma=gamma)
+            env = VecNormalize(env, norm_obs=False, norm_reward=True, gamma=gamma,
+                               clip_reward=float("inf"))
     return make_agent(name, env, total_timesteps=total_timesteps, episode_steps=episode_steps,
                       seed=int(cfg.seed), tensorboard_log=str(tb_dir), verbose=0, **agent_kw)
+
+
+def warm_start(agent, cfg, kw: dict, scale: float, episode_steps: int) -> dict | None:
+    """``train.imitation``: demonstrations of a router, pretraining on them, and the decaying
+    margin loss for the rest of training. Returns what was done (for train_summary.json)."""
+    im = to_container(cfg.train.get("imitation")) or {}
+    if im.get("teacher") is None:
+        return None
+    from agents.imitation import collect_demonstrations
+
+    t0 = time.perf_counter()
+    demos = collect_demonstrations(make_env(kw), im["teacher"], int(im["episodes"]), int(im["seed"]),
+                                   reward_scale=scale, teacher_options=im.get("teacher_options") or {})
+    updates_per_step = agent.gradient_steps / agent.train_freq.frequency if agent.gradient_steps > 0 else 1
+    decay = max(1, int(int(im["margin_decay_episodes"]) * episode_steps * updates_per_step))
+    agent.set_demonstrations(demos.buffer, fraction=float(im["demo_fraction"]), margin=float(im["margin"]),
+                             weight=float(im["margin_weight"]), decay_updates=decay,
+                             loss=str(im.get("loss", "ce")))
+    pre = agent.pretrain(int(im["pretrain_steps"])) if int(im["pretrain_steps"]) else {}
+    out = {"teacher": im["teacher"], "episodes": demos.episodes, "transitions": demos.steps,
+           "skipped": demos.skipped, "teacher_mean_e2e_s": demos.mean_e2e_s,
+           "wall_s": round(time.perf_counter() - t0, 1), **pre}
+    print(f"imitation: {demos.steps} transitions of {im['teacher']} ({demos.skipped} not expressible), "
+          f"teacher mean E2E {demos.mean_e2e_s:.2f} s; pretrained {im['pretrain_steps']} steps, "
+          f"agreement {pre.get('teacher_agreement', float('nan')):.3f}; {out['wall_s']} s", flush=True)
+    return out
 
 
 def _learn(agent, total_timesteps: int, callbacks: list, tb_log_name: str) -> None:
@@ -225,11 +311,14 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     kw = env_kwargs(cfg)
     t = cfg.train
-    episode_steps = int(t.episode_steps) if t.episode_steps else measure_episode_steps(kw, int(cfg.seed))
+    rr = measure_round_robin(kw, int(cfg.seed))
+    episode_steps = int(t.episode_steps) if t.episode_steps else int(rr["steps"])
     total = int(t.total_timesteps) if t.total_timesteps else int(t.episodes) * episode_steps
-    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total)
+    scale = auto_reward_scale(kw, rr) if t.reward_scale == "auto" else float(t.reward_scale)
+    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale)
 
-    agent = build_agent(cfg, kw, total, episode_steps, out / "tb")
+    agent = build_agent(cfg, kw, total, episode_steps, out / "tb", scale)
+    imitation = warm_start(agent, cfg, kw, scale, episode_steps)
     metrics_cb = EpisodeMetricsCallback(episode_setter="set_training_episode")
     callbacks: list = [metrics_cb]
     validator = None
@@ -269,6 +358,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     validation = [{"step": s, **v} for s, v in (callbacks[1].history if validator else [])]
     summary = {
         "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
+        "reward_scale": scale, "imitation": imitation,
         "train_wall_s": round(train_wall, 1), "eval_wall_s": round(eval_wall, 1),
         "model": str(model_path), "best_step": validator.best_step if validator else None,
         "eval_unfinished_requests": unfinished,

@@ -100,6 +100,9 @@ class LLMClusterEnv(gym.Env):
         self._dt = cfg.decision_interval_s
         rc = cfg.reward
         self._semi_mdp = rc.discount == "semi_mdp"
+        self._latency_penalty = rc.penalty == "latency"
+        # Penalty per grid point: the paper's per interval; latency: requests x interval (s).
+        self._pen_unit = rc.penalty_scale * (self._dt if self._latency_penalty else 1.0)
         # Discount of one decision interval (1 per-step: nothing inside a step is discounted).
         self._g = math.exp(-self._dt / rc.horizon_s) if self._semi_mdp else 1.0
         self._batched_grid = True
@@ -171,7 +174,8 @@ class LLMClusterEnv(gym.Env):
             inv_ideal_s=1.0 / ideal)
         self.pred_bucket = pred.bucket
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
-                               num_decode_buckets=ob.n_d, check=self.cfg.check_invariants)
+                               num_decode_buckets=ob.n_d, check=self.cfg.check_invariants,
+                               count_penalty=self._latency_penalty)
         self._k = 0                      # decision intervals elapsed: time = k * dt
         rc = self.cfg.reward
         self._w = guidance_weight(rc, self.guidance_episode)
@@ -187,7 +191,7 @@ class LLMClusterEnv(gym.Env):
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp, _ = self._advance_until_decision(0)
         obs = self._observe()
-        info = self._info(-pen, comp, 0.0, 0.0, 1.0)
+        info = self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0)
         info["metrics"] = None
         return obs, info
 
@@ -238,7 +242,7 @@ class LLMClusterEnv(gym.Env):
         pen += p
         comp += n
         rc = self.cfg.reward
-        penalty = -rc.penalty_scale * pen
+        penalty = -self._pen_unit * pen
         completion = rc.completion_reward * comp
         guidance = self._w * h
         reward = penalty + completion + guidance

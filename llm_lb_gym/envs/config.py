@@ -16,6 +16,7 @@ from ..sim.config import EngineConfig
 
 GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
 DISCOUNTS = ("semi_mdp", "per_step")
+PENALTIES = ("paper", "latency")
 GUIDANCE_FORMS = ("weight", "hurl")
 MIXING_TEACHER = "mixing"
 ORDERS = ("oldest", "shortest")
@@ -50,6 +51,12 @@ class RewardConfig:
     (``conf/reward/workload_guided.yaml`` says why)."""
     penalty_scale: float = 1.0
     """Multiplier of the in-system penalty term."""
+    penalty: str = "paper"
+    """The in-system term. ``paper``: sum_j (1/T_j)(1 - f_jt) per decision interval (a
+    slowdown-weighted count that fades as requests progress). ``latency``: the number of
+    requests in the system times the interval in seconds, so the undiscounted penalty of an
+    episode is minus the sum of its requests' end-to-end latencies (Little's law; exact on the
+    decision grid): the return then means mean E2E, the metric routers are compared on."""
     mixing: MixingParams = field(default_factory=MixingParams)
     discount: str = "semi_mdp"
     """How a transition is discounted. ``semi_mdp`` (default): by gamma_s ** dt with dt the
@@ -84,6 +91,7 @@ class RewardConfig:
         check_range("reward.guidance_scale", self.guidance_scale, 0.0)
         check_range("reward.decay", self.decay, 0.0)
         check_range("reward.penalty_scale", self.penalty_scale, 0.0)
+        check_choice("reward.penalty", self.penalty, PENALTIES)
         object.__setattr__(self, "mixing", _build(MixingParams, self.mixing, "reward.mixing"))
         check_choice("reward.discount", self.discount, DISCOUNTS)
         check_range("reward.horizon_s", self.horizon_s, 0.0, lo_open=True)
@@ -153,8 +161,8 @@ class ObsConfig:
     """A Dict observation space instead of the flat Box."""
     features: tuple[str, ...] = ()
     """Extra features beyond the paper's (``observation.FEATURES``): ``arrivals_left``
-    (global), ``age`` and ``block_need`` (per candidate request), ``free_kv_blocks`` and
-    ``time_since_route`` (per instance)."""
+    (global), ``age`` and ``block_need`` (per candidate request), ``free_kv_blocks``,
+    ``waiting_blocks`` and ``time_since_route`` (per instance)."""
 
     def __post_init__(self) -> None:
         from .observation import FEATURES

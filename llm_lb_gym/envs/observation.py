@@ -18,6 +18,7 @@ n_p prompt and n_d decode buckets and no extra features it is the paper's 4 + m 
 | | capacity C[i] = 1 - committed tokens / KV-cache tokens, clipped to [-1, 1] | share | - |
 | | predicted time until instance i's first running request completes | s | time_scale_s |
 | | (extra) ``free_kv_blocks`` | blocks | KV blocks |
+| | (extra) ``waiting_blocks``: KV its waiting requests will need (prompt + predicted decode) | blocks | KV blocks |
 | | (extra) ``time_since_route``: since the router last sent a request there | s | time_scale_s |
 
 "Committed tokens" = prompt + predicted decode tokens of every request routed to the instance
@@ -40,7 +41,7 @@ from .config import ObsConfig
 
 GLOBAL_FEATURES = ("arrivals_left",)
 CANDIDATE_FEATURES = ("age", "block_need")
-INSTANCE_FEATURES = ("free_kv_blocks", "time_since_route")
+INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route")
 FEATURES = GLOBAL_FEATURES + CANDIDATE_FEATURES + INSTANCE_FEATURES
 """Extra features ``ObsConfig.features`` may list (beyond the paper's)."""
 _BIG = np.float32(1e6)
@@ -83,12 +84,13 @@ class ObservationBuilder:
         self.f_age = "age" in feats
         self.f_need = "block_need" in feats
         self.f_free = "free_kv_blocks" in feats
+        self.f_wait = "waiting_blocks" in feats
         self.f_since = "time_since_route" in feats
         self.block_size = block_size
         self.kv_blocks = kv_tokens // block_size
         self.kv_tokens = float(kv_tokens)
         self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need, self.m,
-                                self.n_p + self.n_d + 2 + self.f_free + self.f_since)
+                                self.n_p + self.n_d + 2 + self.f_free + self.f_wait + self.f_since)
         self.per = self.layout.instance_dim
         self.size = self.layout.size
         self._cand0 = self.layout.global_dim
@@ -131,6 +133,8 @@ class ObservationBuilder:
             add(0.0, _BIG, s_time)
             if self.f_free:
                 add(0.0, self.kv_blocks, s_blocks)
+            if self.f_wait:
+                add(0.0, _BIG, s_blocks)
             if self.f_since:
                 add(0.0, _BIG, s_time)
         self.low = np.array(lo, np.float32)
@@ -158,7 +162,8 @@ class ObservationBuilder:
         return spaces.Dict(d)
 
     def _instance_extras(self) -> list[str]:
-        return [f for f, on in (("free_kv_blocks", self.f_free), ("time_since_route", self.f_since)) if on]
+        return [f for f, on in (("free_kv_blocks", self.f_free), ("waiting_blocks", self.f_wait),
+                                ("time_since_route", self.f_since)) if on]
 
     def observe(self, cluster, candidates=None, last_route_s=None):
         """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
@@ -188,12 +193,14 @@ class ObservationBuilder:
                 if self.f_need:
                     vals.append(0)
         kv = self.kv_tokens
-        extras = self.f_free or self.f_since
+        extras = self.f_free or self.f_wait or self.f_since
         for i, e in enumerate(cluster.engines):
             e.observe_into(vals, kv)
             if extras:
                 if self.f_free:
                     vals.append(e.free_blocks)
+                if self.f_wait:   # O(1) aggregates: prompt (+ generated) + predicted decode left
+                    vals.append((e.pending_prefill_tokens + e.wait_left) / bs)
                 if self.f_since:
                     vals.append(t - last_route_s[i])
         if self.round is not None:

@@ -44,6 +44,7 @@ from .base import RouterBase
 
 ORDERS = ("shortest", "oldest")
 RESERVES = ("full", "prompt")
+ROUNDS = ("global", "since_release", "per_instance")
 _TICK_SLACK = 1e-9   # a grid time a few ulps below a tick counts as the tick (as in MCU)
 
 
@@ -57,6 +58,13 @@ class LateBindingOptions:
     """KV a released request is counted to need: full (prompt + predicted decode) or prompt."""
     max_wait_s: float | None = None
     """Requests waiting longer than this at the router go first, oldest first (None: no bound)."""
+    rounds: str = "global"
+    """``global``: rounds at k * period_s on the clock (MCU's). ``since_release``: a round opens
+    once period_s has passed since the router last released a request and stays open for the
+    rest of that decision time: the same batching, but a function of what the env observes
+    (``time_since_route``), so an agent can imitate it. ``per_instance``: each instance takes a
+    batch at most every period_s (measured: much worse, the first instance to open takes the
+    whole queue)."""
 
     def __post_init__(self) -> None:
         check_range("router.late_binding.period_s", self.period_s, 0.0)
@@ -64,6 +72,7 @@ class LateBindingOptions:
         check_choice("router.late_binding.reserve", self.reserve, RESERVES)
         if self.max_wait_s is not None:
             check_range("router.late_binding.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
+        check_choice("router.late_binding.rounds", self.rounds, ROUNDS)
 
 
 class LateBinding(RouterBase):
@@ -75,6 +84,7 @@ class LateBinding(RouterBase):
         super().reset(rng, num_instances)
         self._tick = -1
         self._closed = False
+        self._last_route = [-float("inf")] * num_instances
 
     def need_blocks(self, cluster, rid: int) -> int:
         tb, e = cluster.table, cluster.engines[0]
@@ -109,7 +119,13 @@ class LateBinding(RouterBase):
         self._require_reset(cluster)
         cutoff = math.inf
         p = self.options.period_s
-        if p > 0:
+        t = cluster.t
+        per_instance = self.options.rounds == "per_instance"
+        if p > 0 and self.options.rounds == "since_release":
+            last = max(self._last_route)
+            if not (t - last >= p * (1 - _TICK_SLACK) or last == t):
+                return None
+        elif p > 0 and not per_instance:
             k = math.floor(cluster.t / p + _TICK_SLACK)
             if k != self._tick:
                 self._tick, self._closed = k, False
@@ -124,12 +140,16 @@ class LateBinding(RouterBase):
         need = self.need_blocks(cluster, rid)
         best, best_room = None, None
         for i, (room, e) in enumerate(zip(self.rooms(cluster), cluster.engines)):
+            if per_instance and p > 0 and not (t - self._last_route[i] >= p * (1 - _TICK_SLACK)
+                                               or self._last_route[i] == t):
+                continue
             if room - need >= e.watermark and e.B + len(e.prefilling) + e.num_waiting < e.max_seqs:
                 if best_room is None or room > best_room:
                     best, best_room = i, room
         if best is None:
             self._closed = True
             return None
+        self._last_route[best] = t
         return pos, best
 
     def select(self, cluster, rid: int) -> int | None:

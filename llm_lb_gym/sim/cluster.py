@@ -18,7 +18,7 @@ from .request import RequestTable, Status
 
 class Cluster:
     def __init__(self, cfg: ClusterConfig, table: RequestTable, *, num_prompt_buckets: int = 1,
-                 num_decode_buckets: int = 1, check: bool = False):
+                 num_decode_buckets: int = 1, check: bool = False, count_penalty: bool = False):
         self.cfg = cfg
         self.table = table
         e = cfg.engine
@@ -28,9 +28,14 @@ class Cluster:
                    num_decode_buckets=num_decode_buckets, check=check)
             for i in range(cfg.num_instances)
         ]
+        # The in-system penalty: sum of inv_ideal * (1 - progress) (the paper's), or with
+        # ``count_penalty`` the number of requests in the system (total latency's integrand).
+        self.count_penalty = count_penalty
+        for eng in self.engines:
+            eng.count_mode = count_penalty
         self.t = 0.0
         self.queue: deque[int] = deque()
-        self.queue_penalty = 0.0     # sum of inv_ideal over the router queue (nothing generated)
+        self.queue_penalty = 0.0     # the penalty of the router queue (nothing generated there)
         self._next = 0               # next request (in arrival order) not yet arrived
         self.n_rejected = 0
         self.n_routed = 0
@@ -85,7 +90,7 @@ class Cluster:
             return
         tb.status[rid] = Status.QUEUED
         self.queue.append(rid)
-        self.queue_penalty += tb.inv_ideal[rid]
+        self.queue_penalty += 1.0 if self.count_penalty else tb.inv_ideal[rid]
 
     # -------------------------------------------------------------- routing
     def route(self, instance: int, position: int = 0) -> int:
@@ -98,7 +103,7 @@ class Cluster:
             del self.queue[position]
         else:
             rid = self.queue.popleft()
-        self.queue_penalty -= self.table.inv_ideal[rid]
+        self.queue_penalty -= 1.0 if self.count_penalty else self.table.inv_ideal[rid]
         if not self.queue:
             self.queue_penalty = 0.0
         self.engines[instance].add(rid, self.t)

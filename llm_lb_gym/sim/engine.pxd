@@ -14,7 +14,7 @@ cdef class Engine:
     cdef public double c0, cp, ca, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
     cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
-    cdef public bint fast, check, chunked, _blocked, _plan_dirty
+    cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
     cdef public object table, scheduler
     cdef public dict running
     cdef public list preempted_q, waiting_q, prefilling, fin_heap, phase_cnt

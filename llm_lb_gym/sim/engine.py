@@ -79,6 +79,7 @@ class Engine:
         self.n_iterations = 0
         self.n_prefill_iterations = 0
         self.fin_weight = 0.0       # completions weighted by grid_penalty's weights (env reward)
+        self.count_mode = False     # penalty() counts requests instead (the env's latency reward)
         # Observation aggregates.
         self.prompt_counts = [0] * num_prompt_buckets   # requests in prompt phase per bucket
         self.decode_counts = [0] * num_decode_buckets   # requests in decode phase per bucket
@@ -201,6 +202,8 @@ class Engine:
                 h = self.sat_heap
                 sat_next = h[0][0] if h else INF
                 p0, A1, A2, A3 = self.pen_static, self.pA1, self.pA2, self.pA3
+                if self.count_mode:   # membership is fixed inside a stretch: a constant count
+                    p0, A1, A2, A3, sat_next = value, 0.0, 0.0, 0.0, INF
                 while j <= k1:
                     T = j * dt
                     if T > t_last:
@@ -258,9 +261,13 @@ class Engine:
 
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
-        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1)).
+        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1)),
+        or, with ``count_mode``, the number of requests on it (waiting, prefilling, running): the
+        integrand of total latency (Little's law).
 
         Cached per (G, membership version): between iterations it cannot change."""
+        if self.count_mode:
+            return float(len(self.preempted_q) + len(self.waiting_q) + len(self.prefilling) + self.B)
         G = self.G
         if G == self._pen_G and self._version == self._pen_version:
             return self._pen_value
