@@ -9,6 +9,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from ..limits import grid_index_at_or_after
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics
@@ -239,11 +240,7 @@ class LLMClusterEnv(gym.Env):
                     self._finished_seen += n
                 break
             nxt = c.next_arrival_s
-            k1 = max(self._k + 1, math.ceil(nxt / dt))
-            while k1 * dt < nxt:
-                k1 += 1
-            while k1 - 1 > self._k and (k1 - 1) * dt >= nxt:
-                k1 -= 1
+            k1 = grid_index_at_or_after(nxt, dt, self._k + 1)
             p, self._k, n = c.run_grid(self._k, dt, k1)
             pen += p
             comp += n

@@ -11,13 +11,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..limits import check_arrival_span
+
 
 @dataclass(frozen=True)
 class RequestBatch:
     """One episode's requests, sorted by arrival time."""
 
     arrival_s: np.ndarray
-    """float64, non-decreasing arrival times in seconds from the episode start."""
+    """float64, non-decreasing arrival times in seconds from the episode start, at most
+    ``limits.MAX_ARRIVAL_S``."""
     prompt_tokens: np.ndarray
     """int64 >= 1, prompt length of each request."""
     decode_tokens: np.ndarray
@@ -40,8 +43,10 @@ class RequestBatch:
         if n:
             if np.any(np.diff(self.arrival_s) < 0):
                 raise ValueError("RequestBatch.arrival_s must be non-decreasing")
-            if self.arrival_s[0] < 0:
+            if not self.arrival_s[0] >= 0:
                 raise ValueError("RequestBatch.arrival_s must be >= 0")
+            source = self.meta.get("path") or self.meta.get("workload") or "RequestBatch"
+            check_arrival_span(self.arrival_s, f"{source}: RequestBatch.arrival_s")
             if self.prompt_tokens.min() < 1 or self.decode_tokens.min() < 1:
                 raise ValueError("RequestBatch prompt_tokens and decode_tokens must be >= 1")
             if self.task_id.min() < 0 or self.task_id.max() >= len(self.task_names):

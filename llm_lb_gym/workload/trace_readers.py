@@ -17,7 +17,8 @@ with 0 response tokens, so that format drops zero-count rows by default and coun
 ``TraceData.dropped_zero_rows``; for every other format a zero is an error by default (the
 Azure conversation trace has none: GeneratedTokens >= 7 in all 19,366 rows), and
 ``zero_tokens="drop"`` opts into dropping. Rows are sorted by timestamp (stable) if the file is
-not; arrivals are seconds from the earliest row.
+not; arrivals are seconds from the earliest row, at most ``limits.MAX_ARRIVAL_S`` (1e9 s,
+about 31.7 years; a later row is an error).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import check_choice
+from ..limits import MAX_ARRIVAL_S
 
 TRACE_FORMATS = ("azure", "lengths", "mooncake", "burstgpt")
 ZERO_TOKEN_POLICIES = ("error", "drop")
@@ -136,6 +138,19 @@ def _parse_datetimes(path, column: str, values, lines: np.ndarray) -> np.ndarray
                                        f"{value!r} is not a datetime (YYYY-MM-DD HH:MM:SS.fff)") from None
         raise TraceFormatError(path, int(lines[0]), column, "timestamps do not parse as one array")
     return stamps.astype(np.int64).astype(np.float64) * 1e-9
+
+
+def _check_span(path, column: str, arrival: np.ndarray, values, lines: np.ndarray,
+                order: np.ndarray) -> None:
+    """Reject the first row (in time order) past ``limits.MAX_ARRIVAL_S`` after the earliest."""
+    late = np.flatnonzero(~(arrival <= MAX_ARRIVAL_S))
+    if len(late):
+        first, row = int(order[0]), int(order[late[0]])
+        raise TraceFormatError(
+            path, int(lines[row]), column,
+            f"{values[row]!r} is {arrival[late[0]]:.6g} s after the earliest row (line "
+            f"{int(lines[first])}); arrivals are limited to MAX_ARRIVAL_S={MAX_ARRIVAL_S:g} s "
+            "(llm_lb_gym.limits)")
 
 
 def _strip_utc(text: str) -> str:
@@ -251,6 +266,7 @@ def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) ->
                                "every row has 0 tokens; nothing left after dropping them")
     if arrival is not None:
         arrival = arrival[order] - arrival[order[0]]
+        _check_span(path, names["time"], arrival, raw[names["time"]], lines, order)
         arrival.setflags(write=False)
     columns = [prompt[order], decode[order], np.asarray(task_id, np.int64)[order], lines[order]]
     for c in columns:

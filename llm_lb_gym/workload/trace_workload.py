@@ -149,7 +149,8 @@ class TraceWorkload:
         rows = self._rows
         num_rows = len(rows.prompt_tokens)
         if rows.arrival_s is not None:
-            idx, times = trace_window(rng, rows.arrival_s, n, self.start, self.rate_scale)
+            idx, times = trace_window(rng, rows.arrival_s, n, self.start, self.rate_scale,
+                                      self.path)
         else:
             idx, times = self._length_rows(rng, n, num_rows), None
         if self.arrivals is not None:
