@@ -59,7 +59,8 @@ class LLMClusterEnv(gym.Env):
     Terminated when every request has finished or been rejected (after the last arrival the
     env runs the cluster to completion within the step). Truncation comes from the
     ``TimeLimit`` set at registration (``max_episode_steps``). The final ``info["metrics"]``
-    holds the episode metrics; ``info["metrics"]["unfinished"]`` counts requests still in the
+    holds the episode metrics (at a truncation ``gym.make``'s ``FinalMetrics`` wrapper adds
+    them, see ``wrappers.py``); ``info["metrics"]["unfinished"]`` counts requests still in the
     system at a truncation.
 
     ## Arguments
