@@ -15,6 +15,7 @@ from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics
 from ..sim.request import RequestTable
 from ..workload.batch import RequestBatch
+from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import EnvConfig
 from .observation import ObservationBuilder
@@ -147,10 +148,7 @@ class LLMClusterEnv(gym.Env):
         return self.obs_builder.observe(self.cluster), info
 
     def step(self, action):
-        a = int(action)
-        if not 0 <= a <= self.m:
-            raise ValueError(f"action {action!r} out of range; allowed: 0..{self.m}")
-        return self.route_step(a, 0)
+        return self.route_step(coerce_action(action, self.m + 1), 0)
 
     def route_step(self, instance: int, position: int = 0):
         """``step`` generalised for routers that reorder the queue (Min-Min): route the request
