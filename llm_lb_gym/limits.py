@@ -8,6 +8,12 @@ decision time ends in a step or two (at 2**53 / dt seconds it would never end), 
 still resolves 1e-7 s. Trace readers, replay windows, arrival processes and ``RequestBatch``
 check it and raise a named error (``ArrivalLimitError`` or the readers' ``TraceFormatError``)
 that says which file or option produced the time.
+
+``MAX_TOKENS``: token counts (a request's prompt or output length, read from a trace or corpus
+or given in a ``RequestBatch``) must not exceed 2**31 - 1. No model's context comes near it,
+and below it sums and squares of counts stay exact in int64 (the compiled engine's C longs),
+so a garbage value such as ``1e19`` is an error naming its file, line and column instead of
+an overflow at ``reset``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,9 @@ from ._validate import ConfigError
 
 MAX_ARRIVAL_S = 1e9
 """Latest allowed arrival time in seconds from the episode start (about 31.7 years)."""
+
+MAX_TOKENS = 2**31 - 1
+"""Largest allowed token count of one request's prompt or output."""
 
 MIN_DECISION_INTERVAL_S = 1e-4
 """Shortest allowed decision interval (0.1 ms, below any iteration time of the presets)."""

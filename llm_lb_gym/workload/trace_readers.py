@@ -11,8 +11,8 @@ Formats (``TRACE_FORMATS``):
 Other columns or fields are ignored.
 
 Every value is checked: a missing column, an unparsable or non-integral number, a negative
-count or an unparsable timestamp raises ``TraceFormatError`` naming the file, the line and the
-column. Zero token counts are a policy (``zero_tokens``): BurstGPT logs failed requests as rows
+count, a count above ``limits.MAX_TOKENS`` (2**31 - 1) or an unparsable timestamp raises
+``TraceFormatError`` naming the file, the line and the column. Zero token counts are a policy (``zero_tokens``): BurstGPT logs failed requests as rows
 with 0 response tokens, so that format drops zero-count rows by default and counts them in
 ``TraceData.dropped_zero_rows``; for every other format a zero is an error by default (the
 Azure conversation trace has none: GeneratedTokens >= 7 in all 19,366 rows), and
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import check_choice
-from ..limits import MAX_ARRIVAL_S
+from ..limits import MAX_ARRIVAL_S, MAX_TOKENS
 
 TRACE_FORMATS = ("azure", "lengths", "mooncake", "burstgpt")
 ZERO_TOKEN_POLICIES = ("error", "drop")
@@ -111,12 +111,18 @@ def _parse_floats(path, column: str, values, lines: np.ndarray) -> np.ndarray:
 
 
 def _parse_tokens(path, column: str, values, lines: np.ndarray) -> np.ndarray:
-    """int64 token counts >= 0; fractions and negatives raise with their line."""
+    """int64 token counts in [0, MAX_TOKENS]; fractions, negatives and huge counts raise with
+    their line."""
     numbers = _parse_floats(path, column, values, lines)
-    bad = np.flatnonzero((numbers != np.floor(numbers)) | (numbers < 0))
+    bad = np.flatnonzero((numbers != np.floor(numbers)) | (numbers < 0) | (numbers > MAX_TOKENS))
     if len(bad):
         i = int(bad[0])
-        problem = "is negative" if numbers[i] < 0 else "is not a whole number of tokens"
+        if numbers[i] < 0:
+            problem = "is negative"
+        elif numbers[i] > MAX_TOKENS:
+            problem = f"exceeds the limit MAX_TOKENS={MAX_TOKENS} (llm_lb_gym.limits)"
+        else:
+            problem = "is not a whole number of tokens"
         raise TraceFormatError(path, int(lines[i]), column, f"{values[i]!r} {problem}")
     return numbers.astype(np.int64)
 
