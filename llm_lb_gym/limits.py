@@ -31,7 +31,15 @@ MAX_TOKENS = 2**31 - 1
 """Largest allowed token count of one request's prompt or output."""
 
 MIN_DECISION_INTERVAL_S = 1e-4
-"""Shortest allowed decision interval (0.1 ms, below any iteration time of the presets)."""
+"""Shortest allowed decision interval (0.1 ms, below any iteration time of the presets); the
+longest is ``MAX_ARRIVAL_S``."""
+
+MIN_RATE_RPS = 1.0 / MAX_ARRIVAL_S
+"""Slowest allowed arrival rate and replay ``rate_scale``: below it even one mean gap (or one
+recorded second) lies past ``MAX_ARRIVAL_S``."""
+
+CV_RANGE = (0.01, 100.0)
+"""Allowed coefficient of variation of gamma inter-arrival times (gamma shape 1e4 .. 1e-4)."""
 
 _MAX_GRID_INDEX = 2**52
 """Grid indices at or above this lose exactness in ``k * dt`` (float64 has 53 bits)."""

@@ -133,8 +133,8 @@ def test_tiny_rate_scale_names_the_file_and_the_limit(tmp_path):
     path = tmp_path / "t.jsonl"
     path.write_text("".join(f'{{"timestamp": {i * 1000}, "input_length": 5, "output_length": 5}}\n'
                             for i in range(5)))
-    w = TraceWorkload(path=str(path), format="mooncake", rate_scale=1e-300, start="head")
-    with pytest.raises(ArrivalLimitError, match=rf"{path.name}.*rate_scale=1e-300.*MAX_ARRIVAL_S"):
+    w = TraceWorkload(path=str(path), format="mooncake", rate_scale=2e-9, start="head")
+    with pytest.raises(ArrivalLimitError, match=rf"{path.name}.*rate_scale=2e-09.*MAX_ARRIVAL_S"):
         w.sample(np.random.default_rng(0), 5)
     with pytest.raises(ArrivalLimitError, match="rate_scale"):
-        trace_window(np.random.default_rng(0), np.array([0.0, 1.0]), 2, "head", 1e-10)
+        trace_window(np.random.default_rng(0), np.array([0.0, 10.0]), 2, "head", 1e-9)

@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .._validate import ConfigError, check_choice, check_int, check_range, reject_unknown
+from .._validate import (ConfigError, check_bool, check_choice, check_int, check_range,
+                         reject_unknown)
+from ..limits import MAX_ARRIVAL_S, MAX_TOKENS, MIN_DECISION_INTERVAL_S, MIN_RATE_RPS
 from ..sim.config import EngineConfig
 from .mixing import MixingParams
 
@@ -74,8 +76,13 @@ class ObsConfig:
     """A Dict observation space instead of the flat Box."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prompt_edges_tokens", tuple(int(x) for x in self.prompt_edges_tokens))
-        object.__setattr__(self, "decode_edges_tokens", tuple(int(x) for x in self.decode_edges_tokens))
+        for name in ("prompt_edges_tokens", "decode_edges_tokens"):
+            edges = tuple(getattr(self, name))
+            for x in edges:
+                check_int(f"obs.{name}[]", x, 1, MAX_TOKENS)
+            object.__setattr__(self, name, tuple(int(x) for x in edges))
+        check_bool("obs.normalize", self.normalize)
+        check_bool("obs.as_dict", self.as_dict)
         check_int("obs.queue_cap", self.queue_cap, 1)
         check_range("obs.time_scale_s", self.time_scale_s, 0.0, lo_open=True)
         if self.round_decimals is not None:
@@ -114,8 +121,11 @@ class EnvConfig:
         check_int("num_instances", self.num_instances, 1)
         check_int("num_requests", self.num_requests, 1)
         if self.arrival_rate_rps is not None:
-            check_range("arrival_rate_rps", self.arrival_rate_rps, 0.0, lo_open=True)
-        check_range("decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
+            check_range("arrival_rate_rps", self.arrival_rate_rps, MIN_RATE_RPS)
+        check_range("decision_interval_s", self.decision_interval_s, MIN_DECISION_INTERVAL_S,
+                    MAX_ARRIVAL_S)
+        for name in ("one_action_per_interval", "fast", "check_invariants"):
+            check_bool(name, getattr(self, name))
         object.__setattr__(self, "engine", _build(EngineConfig, self.engine, "engine"))
         object.__setattr__(self, "reward", _build(RewardConfig, self.reward, "reward"))
         object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))

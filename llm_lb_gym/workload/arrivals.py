@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
-from ..limits import check_arrival_span
+from ..limits import CV_RANGE, MIN_RATE_RPS, check_arrival_span
 
 START_CHOICES = ("random", "head")
 """Where a replayed trace window begins: a random row (from the rng) or the first row."""
@@ -56,7 +56,7 @@ class PoissonArrivals:
     """Mean arrival rate in requests per second (the paper's V100 setting: 20)."""
 
     def __post_init__(self) -> None:
-        check_range("rate_rps", self.rate_rps, 0.0, lo_open=True)
+        check_range("rate_rps", self.rate_rps, MIN_RATE_RPS)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         _check_n(n)
@@ -80,8 +80,8 @@ class GammaArrivals:
     """Coefficient of variation of the inter-arrival times (> 0)."""
 
     def __post_init__(self) -> None:
-        check_range("rate_rps", self.rate_rps, 0.0, lo_open=True)
-        check_range("cv", self.cv, 0.0, lo_open=True)
+        check_range("rate_rps", self.rate_rps, MIN_RATE_RPS)
+        check_range("cv", self.cv, *CV_RANGE)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         _check_n(n)
@@ -103,7 +103,7 @@ class DeterministicArrivals:
     """Arrival rate in requests per second."""
 
     def __post_init__(self) -> None:
-        check_range("rate_rps", self.rate_rps, 0.0, lo_open=True)
+        check_range("rate_rps", self.rate_rps, MIN_RATE_RPS)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         _check_n(n)
@@ -137,7 +137,7 @@ def trace_window(rng: np.random.Generator, timestamps_s: np.ndarray, n: int, sta
     """
     _check_n(n)
     check_choice("start", start, START_CHOICES)
-    check_range("rate_scale", rate_scale, 0.0, lo_open=True)
+    check_range("rate_scale", rate_scale, MIN_RATE_RPS)
     num_rows = len(timestamps_s)
     if n == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
@@ -179,7 +179,7 @@ class TraceArrivals:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timestamps_s", check_timestamps("timestamps_s", self.timestamps_s))
-        check_range("rate_scale", self.rate_scale, 0.0, lo_open=True)
+        check_range("rate_scale", self.rate_scale, MIN_RATE_RPS)
         check_choice("start", self.start, START_CHOICES)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
