@@ -30,6 +30,12 @@ MAX_ARRIVAL_S = 1e9
 MAX_TOKENS = 2**31 - 1
 """Largest allowed token count of one request's prompt or output."""
 
+MAX_CONTEXT_TOKENS = 2**20
+"""Largest engine context (``max_model_len``) and iteration token budget
+(``max_num_batched_tokens``): 1,048,576 tokens, beyond any served model. Longer requests are
+rejected at arrival, so this bounds the simulated time (and the decision-grid walk) of one
+request: a 1M-token prefill on the V100 preset lasts about 6 hours, a 2**31-token one years."""
+
 MIN_DECISION_INTERVAL_S = 1e-4
 """Shortest allowed decision interval (0.1 ms, below any iteration time of the presets); the
 longest is ``MAX_ARRIVAL_S``."""

@@ -74,6 +74,7 @@ ISSUE_CASES = [
     (dict(fast="False"), r"fast='False' must be a bool"),
     (dict(one_action_per_interval=1), r"one_action_per_interval=1 must be a bool"),
     (dict(engine={"max_model_len": 2**63}), r"engine.max_model_len=.* out of range"),
+    (dict(engine={"max_model_len": 2**20 + 1}), r"engine.max_model_len=1048577 is out of range; allowed: \[2, 1048576\]"),
     (dict(engine={"max_num_batched_tokens": 1e6}), r"engine.max_num_batched_tokens=.* must be an integer"),
     (dict(engine={"num_kv_blocks": MAX_TOKENS + 1}), r"engine.num_kv_blocks="),
     (dict(engine={"gpu_memory_utilization": float("nan")}), r"engine.gpu_memory_utilization is NaN"),

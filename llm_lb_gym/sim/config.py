@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 
 from .._validate import ConfigError, check_bool, check_choice, check_int, check_range
-from ..limits import MAX_TOKENS
+from ..limits import MAX_CONTEXT_TOKENS, MAX_TOKENS
 from .latency import HardwarePreset, LatencyModel, get_preset
 
 SCHEDULERS = ("fcfs", "least_work_left", "bin_packing")
@@ -52,9 +52,9 @@ class EngineConfig:
         check_range("engine.watermark", self.watermark, 0.0, 1.0, hi_open=True)
         check_int("engine.max_num_seqs", self.max_num_seqs, 1, MAX_TOKENS)
         if self.max_num_batched_tokens is not None:
-            check_int("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_TOKENS)
+            check_int("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_CONTEXT_TOKENS)
         if self.max_model_len is not None:
-            check_int("engine.max_model_len", self.max_model_len, 2, MAX_TOKENS)
+            check_int("engine.max_model_len", self.max_model_len, 2, MAX_CONTEXT_TOKENS)
         check_choice("engine.scheduler", self.scheduler, SCHEDULERS)
         check_bool("engine.chunked_prefill", self.chunked_prefill)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:
