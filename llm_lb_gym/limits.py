@@ -36,6 +36,12 @@ MAX_CONTEXT_TOKENS = 2**20
 rejected at arrival, so this bounds the simulated time (and the decision-grid walk) of one
 request: a 1M-token prefill on the V100 preset lasts about 6 hours, a 2**31-token one years."""
 
+MAX_REQUESTS = 10_000_000
+"""Most requests per episode (the simulator keeps a few Python lists of this length)."""
+
+MAX_INSTANCES = 1024
+"""Most instances in a cluster (the observation has a row per instance)."""
+
 MIN_DECISION_INTERVAL_S = 1e-4
 """Shortest allowed decision interval (0.1 ms, below any iteration time of the presets); the
 longest is ``MAX_ARRIVAL_S``."""

@@ -12,7 +12,8 @@ from typing import Any
 
 from .._validate import (ConfigError, check_bool, check_choice, check_int, check_range,
                          reject_unknown)
-from ..limits import MAX_ARRIVAL_S, MAX_TOKENS, MIN_DECISION_INTERVAL_S, MIN_RATE_RPS
+from ..limits import (MAX_ARRIVAL_S, MAX_INSTANCES, MAX_REQUESTS, MAX_TOKENS,
+                      MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
 from ..sim.config import EngineConfig
 from .mixing import MixingParams
 
@@ -70,6 +71,7 @@ class ObsConfig:
     """Scale features to about [0, 1] (counts / max_num_seqs, tokens / context length,
     queue / queue_cap, times / time_scale_s); False gives the paper's raw values."""
     time_scale_s: float = 10.0
+    """Scale of the time features with ``normalize`` (seconds, in [1e-3, 1e6])."""
     round_decimals: int | None = None
     """Round capacity and completion estimate (paper: 2); None keeps full precision."""
     as_dict: bool = False
@@ -84,7 +86,7 @@ class ObsConfig:
         check_bool("obs.normalize", self.normalize)
         check_bool("obs.as_dict", self.as_dict)
         check_int("obs.queue_cap", self.queue_cap, 1)
-        check_range("obs.time_scale_s", self.time_scale_s, 0.0, lo_open=True)
+        check_range("obs.time_scale_s", self.time_scale_s, 1e-3, 1e6)   # float32 Box bounds stay finite
         if self.round_decimals is not None:
             check_int("obs.round_decimals", self.round_decimals, 0, 12)
 
@@ -118,8 +120,8 @@ class EnvConfig:
     """Recompute simulator aggregates after every iteration and assert (slow; for tests)."""
 
     def __post_init__(self) -> None:
-        check_int("num_instances", self.num_instances, 1)
-        check_int("num_requests", self.num_requests, 1)
+        check_int("num_instances", self.num_instances, 1, MAX_INSTANCES)
+        check_int("num_requests", self.num_requests, 1, MAX_REQUESTS)
         if self.arrival_rate_rps is not None:
             check_range("arrival_rate_rps", self.arrival_rate_rps, MIN_RATE_RPS)
         check_range("decision_interval_s", self.decision_interval_s, MIN_DECISION_INTERVAL_S,
