@@ -89,7 +89,8 @@ ISSUE_CASES = [
     (dict(reward={"completion_reward": float("inf")}), r"reward.completion_reward=inf is not finite"),
     (dict(reward={"mixing": {"eps_s": "0.5"}}), r"reward.mixing.eps_s='0.5' is not a number"),
     (dict(obs={"time_scale_s": float("inf")}), r"obs.time_scale_s=inf is not finite"),
-    (dict(obs={"prompt_edges_tokens": (256, 2.7)}), r"obs.prompt_edges_tokens\[\]=2.7 must be an integer"),
+    (dict(obs={"prompt_edges_tokens": (256, 2.7)}), r"obs.prompt_edges_tokens\[1\]=2.7 must be an integer"),
+    (dict(obs={"decode_edges_tokens": 256}), r"obs.decode_edges_tokens=256 must be a sequence"),
     (dict(obs={"normalize": "no"}), r"obs.normalize='no' must be a bool"),
     (dict(predictor={"name": "noisy", "accuracy": float("nan")}), r"noisy.accuracy is NaN"),
 ]

@@ -79,9 +79,12 @@ class ObsConfig:
 
     def __post_init__(self) -> None:
         for name in ("prompt_edges_tokens", "decode_edges_tokens"):
-            edges = tuple(getattr(self, name))
-            for x in edges:
-                check_int(f"obs.{name}[]", x, 1, MAX_TOKENS)
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ConfigError(f"obs.{name}={value!r} must be a sequence of token counts")
+            edges = tuple(value)
+            for i, x in enumerate(edges):
+                check_int(f"obs.{name}[{i}]", x, 1, MAX_TOKENS)
             object.__setattr__(self, name, tuple(int(x) for x in edges))
         check_bool("obs.normalize", self.normalize)
         check_bool("obs.as_dict", self.as_dict)
