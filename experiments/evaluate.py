@@ -21,6 +21,8 @@ from pathlib import Path
 import hydra
 import numpy as np
 
+from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
+                                     loss_warning)
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
 
 TABLE_COLUMNS = (
@@ -42,12 +44,15 @@ def paired_change(values: np.ndarray, base: np.ndarray) -> tuple[float, float]:
 
 
 def summarize(rows: list[dict], baseline: str) -> str:
-    """The markdown table: per policy, means over episodes and the % change of mean E2E."""
+    """The markdown table: per policy, means over episodes, the requests completed / rejected /
+    unfinished per episode (the latency columns cover completed ones only) and the % change of
+    mean E2E."""
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
     base = np.array([r["mean_e2e_s"] for r in by[baseline]]) if baseline in by else None
-    head = "| policy | " + " | ".join(t for _, t in TABLE_COLUMNS) + f" | mean E2E vs {baseline} (95% CI) |"
-    lines = [head, "|" + "---|" * (len(TABLE_COLUMNS) + 2)]
+    titles = [t for _, t in TABLE_COLUMNS + ACCOUNTING_COLUMNS]
+    head = "| policy | " + " | ".join(titles) + f" | mean E2E vs {baseline} (95% CI) |"
+    lines = [head, "|" + "---|" * (len(titles) + 2)]
     for p in policies:
         cells = [f"{np.mean([r[k] for r in by[p]]):.3f}" if k != "preemptions"
                  else f"{np.mean([r[k] for r in by[p]]):.1f}" for k, _ in TABLE_COLUMNS]
@@ -56,6 +61,7 @@ def summarize(rows: list[dict], baseline: str) -> str:
             change = f"{mean:+.2f}% ± {half:.2f}" if not math.isnan(half) else f"{mean:+.2f}%"
         else:
             change = "n/a"
+        cells += accounting_cells(by[p])
         lines.append(f"| {p} | " + " | ".join(cells) + f" | {change} |")
     return "\n".join(lines)
 
@@ -127,17 +133,20 @@ def evaluate(cfg, out: Path | None = None) -> dict:
         w.writerows(rows)
     table = summarize(rows, cfg.baseline)
     wall = time.perf_counter() - t_start
+    workload = describe_workload(env.unwrapped.workload)
     header = (f"{len(seeds)} episodes x {kw.get('num_requests')} requests, seeds {seeds[0]}..{seeds[-1]}, "
               f"{kw.get('num_instances')} instances, {kw.get('engine', {}).get('preset')}, "
-              f"workload {kw.get('workload', {}).get('name')}, {kw.get('arrival_rate_rps')} req/s; "
-              f"wall {wall:.1f} s")
+              f"workload {workload}; wall {wall:.1f} s")
+    warning = loss_warning(rows)
+    if warning:
+        header += "\n\n" + warning
     (out / "summary.md").write_text(header + "\n\n" + table + "\n")
     if cfg.get("plot", True):
         plot_cdf(e2e, out / "latency_cdf.png")
     print(header)
     print(table)
     print(f"results: {out}")
-    return {"rows": rows, "table": table, "out": out}
+    return {"rows": rows, "table": table, "out": out, "warning": warning, "workload": workload}
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")

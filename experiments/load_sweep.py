@@ -25,6 +25,8 @@ import hydra
 import numpy as np
 from omegaconf import OmegaConf
 
+from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
+                                     loss_warning)
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
 
 CAPACITY_QUANTILES = (0.1, 0.9)
@@ -63,13 +65,15 @@ def offered_load(rate_rps: float, capacity: float) -> float:
 
 
 def _sweep_table(results: list[tuple[float, float, dict]], baseline: str) -> str:
-    """One row per load factor: baseline's latency and each policy's % change with CI."""
+    """One row per load factor: baseline's latency, each policy's % change with CI, and the
+    requests completed / rejected / unfinished per episode (mean over every policy's episodes)."""
     from experiments.evaluate import paired_change
 
     policies = list(dict.fromkeys(r["policy"] for _, _, ev in results for r in ev["rows"]))
     head = (f"| load factor | arrival rate (req/s) | {baseline} mean E2E (s) | {baseline} preemptions | "
-            + " | ".join(p for p in policies if p != baseline) + " | best |")
-    lines = [head, "|" + "---|" * (len(policies) + 4)]
+            + " | ".join(p for p in policies if p != baseline) + " | best | "
+            + " | ".join(t for _, t in ACCOUNTING_COLUMNS) + " |")
+    lines = [head, "|" + "---|" * (len(policies) + 4 + len(ACCOUNTING_COLUMNS))]
     for factor, rate, ev in results:
         by = {p: sorted((r for r in ev["rows"] if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
         base = np.array([r["mean_e2e_s"] for r in by[baseline]])
@@ -83,7 +87,7 @@ def _sweep_table(results: list[tuple[float, float, dict]], baseline: str) -> str
                 best = (p, mean)
         pre = np.mean([r["preemptions"] for r in by[baseline]])
         lines.append(f"| {factor:g} | {rate:.1f} | {base.mean():.2f} | {pre:.0f} | " + " | ".join(cells)
-                     + f" | {best[0]} ({best[1]:+.1f}%) |")
+                     + f" | {best[0]} ({best[1]:+.1f}%) | " + " | ".join(accounting_cells(ev["rows"])) + " |")
     return "\n".join(lines)
 
 
@@ -93,7 +97,7 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
 
     from experiments.evaluate import evaluate
     from llm_lb_gym._validate import ConfigError
-    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS
+    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS, build_workload
 
     torch.set_num_threads(1)
     out = Path(out) if out is not None else run_dir(cfg)
@@ -116,10 +120,14 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
         results.append((float(factor), rate, ev))
     table = _sweep_table(results, cfg.baseline)
     wall = time.perf_counter() - t0
+    workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")), False)
     header = (f"capacity {mu:.2f} req/s ({kw['num_instances']} instances, {kw['engine'].get('preset')}, "
-              f"workload {wname}, {kw['num_requests']} requests); {cfg.episodes} episodes per load, "
+              f"workload {workload}, {kw['num_requests']} requests); {cfg.episodes} episodes per load, "
               f"seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1}; cells: % change of mean E2E vs "
               f"{cfg.baseline} (95% CI); wall {wall:.0f} s")
+    alerts = [f"load factor {f:g}: {w}" for f, _, ev in results if (w := loss_warning(ev["rows"]))]
+    if alerts:
+        header += "\n\n" + "\n\n".join(alerts)
     (out / "load_sweep.md").write_text(header + "\n\n" + table + "\n")
     print(header)
     print(table)

@@ -78,13 +78,15 @@ def _model_path(run: Path, agent: str) -> Path:
 def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wait: dict,
                 baseline: str = "round_robin") -> str:
     """The paper's table layout: one row per router, reductions vs ``baseline`` (positive = faster)."""
+    from experiments._accounting import accounting_cells
     from experiments.evaluate import paired_change
 
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
     base = np.array([r["mean_e2e_s"] for r in by[baseline]])
     lines = ["| router | mean E2E (s) | reduction vs RR (%, 95% CI) | router wait (s) | preemptions "
-             "| paper: reduction vs RR (%) | paper: router wait (s) |", "|---|---|---|---|---|---|---|"]
+             "| paper: reduction vs RR (%) | paper: router wait (s) | completed | rejected | unfinished |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     order = sorted(policies, key=lambda p: (p != baseline, p not in labels, policies.index(p)))
     for p in order:
         e2e = np.array([r["mean_e2e_s"] for r in by[p]])
@@ -97,7 +99,8 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
         pp = paper.get(p)
         pw = paper_wait.get(p)
         lines.append(f"| {ours} | {e2e.mean():.2f} | {red} | {wait:.2f} | {pre:.0f} | "
-                     f"{'' if pp is None else f'{pp:+.2f}'} | {'' if pw is None else f'{pw:.2f}'} |")
+                     f"{'' if pp is None else f'{pp:+.2f}'} | {'' if pw is None else f'{pw:.2f}'} | "
+                     + " | ".join(accounting_cells(by[p])) + " |")
     return "\n".join(lines)
 
 
@@ -164,6 +167,8 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     wait = to_container(cfg.paper_router_wait.get(paper_key)) or {}
     labels = {k: cfg.variants[k].label for k in trained}
     table = paper_table(ev["rows"], labels, paper, wait)
+    if ev.get("warning"):
+        table = ev["warning"] + "\n\n" + table
     unfinished = {k: int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == k)) for k in trained}
     if any(unfinished.values()):
         table += (f"\n\nUnfinished requests at the step limit (mean E2E covers finished ones only): "
@@ -174,7 +179,7 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     header = (f"### {setting}\n\n{kw['num_instances']} instances, {eng.get('preset')}"
               f"{', chunked prefill' if eng.get('chunked_prefill') else ''}"
               f"{', num_kv_blocks ' + str(eng['num_kv_blocks']) if eng.get('num_kv_blocks') else ''}, "
-              f"workload {kw['workload'].get('name')}, {kw['num_requests']} requests per episode; "
+              f"workload {ev.get('workload', kw['workload'].get('name'))}, {kw['num_requests']} requests per episode; "
               f"offered {rate:.1f} req/s, measured capacity {mu:.2f} req/s, load factor {rate / mu:.2f}. "
               f"Agent {cfg.agent}, training episodes per variant {train_eps}"
               f"{' (models from ' + str(cfg.models_from) + ')' if cfg.models_from else ''}; "

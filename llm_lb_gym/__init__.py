@@ -16,7 +16,11 @@ MAX_EPISODE_STEPS = 200_000
 only a router that defers forever is truncated."""
 
 if ENV_ID not in gym.registry:
+    # FinalMetrics sits outside TimeLimit (gym.make applies additional_wrappers after it), so a
+    # truncated episode's last info also holds "metrics".
     gym.register(id=ENV_ID, entry_point="llm_lb_gym.envs.cluster_env:LLMClusterEnv",
-                 max_episode_steps=MAX_EPISODE_STEPS)
+                 max_episode_steps=MAX_EPISODE_STEPS,
+                 additional_wrappers=(gym.envs.registration.WrapperSpec(
+                     "FinalMetrics", "llm_lb_gym.envs.wrappers:FinalMetrics", {}),))
 
 __all__ = ["ENV_ID", "__version__"]

@@ -6,7 +6,11 @@ Every error names the option and the allowed values, so a typo in a Hydra overri
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Iterable, Mapping, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 
@@ -15,31 +19,45 @@ class ConfigError(ValueError):
     """An option has a value outside its allowed set or range."""
 
 
+def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
+    left = "-inf" if lo is None else f"{lo}"
+    right = "inf" if hi is None else f"{hi}"
+    return f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
+
+
 def check_range(name: str, value: float, lo: float | None = None, hi: float | None = None,
-                *, lo_open: bool = False, hi_open: bool = False) -> None:
-    """Raise ConfigError unless ``lo (<|<=) value (<|<=) hi``."""
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name}={value!r} is not a number") from None
+                *, lo_open: bool = False, hi_open: bool = False, allow_inf: bool = False) -> None:
+    """Raise ConfigError unless ``value`` is a real number (int, float or a numpy scalar; not a
+    bool or a string), not NaN, finite unless ``allow_inf``, and ``lo (<|<=) value (<|<=) hi``."""
+    interval = _interval(lo, hi, lo_open, hi_open)
+    allowed = f"allowed: {'a number' if allow_inf else 'a finite number'} in {interval}"
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name}={value!r} is not a number ({type(value).__name__}); {allowed}")
+    # Integers compare exactly (float() of a huge int would overflow).
+    v = int(value) if isinstance(value, numbers.Integral) else float(value)
     if v != v:
-        raise ConfigError(f"{name} is NaN")
+        raise ConfigError(f"{name} is NaN; {allowed}")
+    if not allow_inf and isinstance(v, float) and math.isinf(v):
+        raise ConfigError(f"{name}={value!r} is not finite; {allowed}")
     bad_lo = lo is not None and (v <= lo if lo_open else v < lo)
     bad_hi = hi is not None and (v >= hi if hi_open else v > hi)
     if bad_lo or bad_hi:
-        left = "-inf" if lo is None else f"{lo}"
-        right = "inf" if hi is None else f"{hi}"
-        interval = f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
         raise ConfigError(f"{name}={value!r} is out of range; allowed: {interval}")
 
 
 def check_int(name: str, value: int, lo: int | None = None, hi: int | None = None) -> None:
-    """Raise ConfigError unless value is an integer within [lo, hi]."""
-    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
-        hasattr(value, "__index__")
-    ):
-        raise ConfigError(f"{name}={value!r} must be an integer")
+    """Raise ConfigError unless value is an integer (Python or numpy; not a bool, a float or a
+    string) within [lo, hi]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name}={value!r} must be an integer; allowed: integers in "
+                          f"{_interval(lo, hi, False, False)}")
     check_range(name, int(value), lo, hi)
+
+
+def check_bool(name: str, value: bool) -> None:
+    """Raise ConfigError unless value is a bool (a string such as "False" would be truthy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name}={value!r} must be a bool; allowed: True, False")
 
 
 def check_choice(name: str, value: str, allowed: Iterable[str]) -> None:

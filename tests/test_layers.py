@@ -16,7 +16,7 @@ PACKAGE = "llm_lb_gym"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 LAYERS = ("sim", "workload", "predictor", "policies", "envs", "rollout")
 """Bottom first: a module may import its own layer and those before it."""
-SHARED = {f"{PACKAGE}._validate"}
+SHARED = {f"{PACKAGE}._validate", f"{PACKAGE}.limits"}
 """Leaf helpers every layer may use (they import nothing of the package)."""
 KNOWN_UPWARD = {
     # sim.simulate builds request tables from a workload's RequestBatch: the batch type belongs

@@ -63,7 +63,7 @@ def test_deterministic_arrivals_are_evenly_spaced():
 @pytest.mark.parametrize("make", [lambda: PoissonArrivals(-1.0), lambda: GammaArrivals(0.0, 1.0),
                                   lambda: DeterministicArrivals(-3)])
 def test_bad_rate_names_option_and_range(make):
-    with pytest.raises(ConfigError, match=r"rate_rps=.*out of range; allowed: \(0.0, inf\)"):
+    with pytest.raises(ConfigError, match=r"rate_rps=.*out of range; allowed: \[1e-09, inf\)"):
         make()
 
 

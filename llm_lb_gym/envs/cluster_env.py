@@ -11,12 +11,14 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from ..limits import grid_index_at_or_after
 from ..policies.drive import decide
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics
 from ..sim.request import RequestTable
 from ..workload.batch import RequestBatch
+from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import MIXING_TEACHER, EnvConfig
 from .observation import ObservationBuilder
@@ -62,7 +64,8 @@ class LLMClusterEnv(gym.Env):
     Terminated when every request has finished or been rejected (after the last arrival the
     env runs the cluster to completion within the step). Truncation comes from the
     ``TimeLimit`` set at registration (``max_episode_steps``). The final ``info["metrics"]``
-    holds the episode metrics; ``info["metrics"]["unfinished"]`` counts requests still in the
+    holds the episode metrics (at a truncation ``gym.make``'s ``FinalMetrics`` wrapper adds
+    them, see ``wrappers.py``); ``info["metrics"]["unfinished"]`` counts requests still in the
     system at a truncation.
 
     ## Arguments
@@ -196,9 +199,7 @@ class LLMClusterEnv(gym.Env):
         return obs, info
 
     def step(self, action):
-        a = int(action)
-        if not 0 <= a <= self.defer_action:
-            raise ValueError(f"action {action!r} out of range; allowed: 0..{self.defer_action}")
+        a = coerce_action(action, self.defer_action + 1)
         if a < len(self._cands) * self.m:
             rid = self._cands[a // self.m]
             q = self.cluster.queue
@@ -356,11 +357,7 @@ class LLMClusterEnv(gym.Env):
                     self._finished_seen += n
                 break
             nxt = c.next_arrival_s
-            k1 = max(self._k + 1, math.ceil(nxt / dt))
-            while k1 * dt < nxt:
-                k1 += 1
-            while k1 - 1 > self._k and (k1 - 1) * dt >= nxt:
-                k1 -= 1
+            k1 = grid_index_at_or_after(nxt, dt, self._k + 1)
             p, self._k, n, nw = c.run_grid(self._k, dt, k1, w0, g)
             pen += p
             comp += nw

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from .._validate import ConfigError, check_choice, check_int, check_range, reject_unknown
+from .._validate import (ConfigError, check_bool, check_choice, check_int, check_range,
+                         reject_unknown)
+from ..limits import (MAX_ARRIVAL_S, MAX_INSTANCES, MAX_REQUESTS, MAX_TOKENS,
+                      MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
 from ..policies.mixing import MixingParams
 from ..sim.config import EngineConfig
 
@@ -139,6 +142,7 @@ class ActionConfig:
         check_choice("action.order", self.order, ORDERS)
         if self.max_wait_s is not None:
             check_range("action.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
+        check_bool("action.mask_idle_defer", self.mask_idle_defer)
 
 
 @dataclass(frozen=True)
@@ -155,6 +159,7 @@ class ObsConfig:
     """Scale features to about [0, 1] (counts / max_num_seqs, tokens / context length,
     queue / queue_cap, times / time_scale_s); False gives the paper's raw values."""
     time_scale_s: float = 10.0
+    """Scale of the time features with ``normalize`` (seconds, in [1e-3, 1e6])."""
     round_decimals: int | None = None
     """Round capacity and completion estimate (paper: 2); None keeps full precision."""
     as_dict: bool = False
@@ -173,10 +178,18 @@ class ObsConfig:
         if len(set(feats)) != len(feats):
             raise ConfigError(f"obs.features={list(feats)} lists a feature twice")
         object.__setattr__(self, "features", feats)
-        object.__setattr__(self, "prompt_edges_tokens", tuple(int(x) for x in self.prompt_edges_tokens))
-        object.__setattr__(self, "decode_edges_tokens", tuple(int(x) for x in self.decode_edges_tokens))
+        for name in ("prompt_edges_tokens", "decode_edges_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+                raise ConfigError(f"obs.{name}={value!r} must be a sequence of token counts")
+            edges = tuple(value)
+            for i, x in enumerate(edges):
+                check_int(f"obs.{name}[{i}]", x, 1, MAX_TOKENS)
+            object.__setattr__(self, name, tuple(int(x) for x in edges))
+        check_bool("obs.normalize", self.normalize)
+        check_bool("obs.as_dict", self.as_dict)
         check_int("obs.queue_cap", self.queue_cap, 1)
-        check_range("obs.time_scale_s", self.time_scale_s, 0.0, lo_open=True)
+        check_range("obs.time_scale_s", self.time_scale_s, 1e-3, 1e6)   # float32 Box bounds stay finite
         if self.round_decimals is not None:
             check_int("obs.round_decimals", self.round_decimals, 0, 12)
 
@@ -212,11 +225,14 @@ class EnvConfig:
     """Recompute simulator aggregates after every iteration and assert (slow; for tests)."""
 
     def __post_init__(self) -> None:
-        check_int("num_instances", self.num_instances, 1)
-        check_int("num_requests", self.num_requests, 1)
+        check_int("num_instances", self.num_instances, 1, MAX_INSTANCES)
+        check_int("num_requests", self.num_requests, 1, MAX_REQUESTS)
         if self.arrival_rate_rps is not None:
-            check_range("arrival_rate_rps", self.arrival_rate_rps, 0.0, lo_open=True)
-        check_range("decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
+            check_range("arrival_rate_rps", self.arrival_rate_rps, MIN_RATE_RPS)
+        check_range("decision_interval_s", self.decision_interval_s, MIN_DECISION_INTERVAL_S,
+                    MAX_ARRIVAL_S)
+        for name in ("one_action_per_interval", "fast", "check_invariants"):
+            check_bool(name, getattr(self, name))
         object.__setattr__(self, "engine", _build(EngineConfig, self.engine, "engine"))
         object.__setattr__(self, "reward", _build(RewardConfig, self.reward, "reward"))
         object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))

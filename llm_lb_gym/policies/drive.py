@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from .._validate import ConfigError, check_range
+from ..limits import MAX_ARRIVAL_S, MIN_DECISION_INTERVAL_S
 from ..predictor.buckets import BucketScheme
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
@@ -77,7 +78,10 @@ def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.
     fills ``table.decode_bucket`` (give Min-Min the same edges). Returns the finished cluster
     (metrics: ``sim.metrics`` over ``cluster.table``).
     """
-    check_range("decision_interval_s", decision_interval_s, 0.0)
+    check_range("decision_interval_s", decision_interval_s, 0.0, MAX_ARRIVAL_S)
+    if 0.0 < decision_interval_s < MIN_DECISION_INTERVAL_S:
+        raise ConfigError(f"decision_interval_s={decision_interval_s!r} is out of range; allowed: "
+                          f"0.0 or [{MIN_DECISION_INTERVAL_S}, {MAX_ARRIVAL_S:g}]")
     if decision_interval_s == 0.0 and getattr(router, "defers", True):
         raise ConfigError(
             f"router {router.name!r} may defer, which needs a decision grid: "

@@ -12,6 +12,9 @@ Python version (``hash()`` is salted per process).
 
 Trace tables (CSV of prompt and decode token counts without text, e.g. the Azure trace) are
 read by :func:`read_length_table`, for the metadata random forest.
+
+Token counts must be integers in [0, ``limits.MAX_TOKENS``] (2**31 - 1); anything else raises
+``CorpusError`` naming the file and line.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import check_choice, check_range
+from ..limits import MAX_TOKENS
 from ..workload.data_dir import default_data_dir
 
 REQUIRED_FIELDS = ("prompt", "task_type", "response_tokens_wordpiece")
@@ -118,13 +122,18 @@ def _open_text(path: Path):
 
 def _as_count(value, field: str, where: str, lo: int) -> int:
     try:
-        v = int(value)
-        if v != float(value):
+        if isinstance(value, bool):
             raise ValueError
-    except (TypeError, ValueError):
+        v = int(value)
+        if v <= MAX_TOKENS and v != float(value):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
         raise CorpusError(f"{where}: field {field!r}={value!r} is not an integer") from None
     if v < lo:
         raise CorpusError(f"{where}: field {field!r}={v} must be >= {lo}")
+    if v > MAX_TOKENS:
+        raise CorpusError(f"{where}: field {field!r}={value!r} exceeds the limit "
+                          f"MAX_TOKENS={MAX_TOKENS} (llm_lb_gym.limits)")
     return v
 
 

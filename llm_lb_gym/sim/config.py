@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .._validate import ConfigError, check_choice, check_int, check_range
+from .._validate import ConfigError, check_bool, check_choice, check_int, check_range
+from ..limits import MAX_CONTEXT_TOKENS, MAX_TOKENS
 from .latency import HardwarePreset, LatencyModel, get_preset
 
 SCHEDULERS = ("fcfs", "least_work_left", "bin_packing")
@@ -47,14 +48,15 @@ class EngineConfig:
         check_int("engine.block_size", self.block_size, 1)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         if self.num_kv_blocks is not None:
-            check_int("engine.num_kv_blocks", self.num_kv_blocks, 1)
+            check_int("engine.num_kv_blocks", self.num_kv_blocks, 1, MAX_TOKENS)
         check_range("engine.watermark", self.watermark, 0.0, 1.0, hi_open=True)
-        check_int("engine.max_num_seqs", self.max_num_seqs, 1)
+        check_int("engine.max_num_seqs", self.max_num_seqs, 1, MAX_TOKENS)
         if self.max_num_batched_tokens is not None:
-            check_int("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1)
+            check_int("engine.max_num_batched_tokens", self.max_num_batched_tokens, 1, MAX_CONTEXT_TOKENS)
         if self.max_model_len is not None:
-            check_int("engine.max_model_len", self.max_model_len, 2)
+            check_int("engine.max_model_len", self.max_model_len, 2, MAX_CONTEXT_TOKENS)
         check_choice("engine.scheduler", self.scheduler, SCHEDULERS)
+        check_bool("engine.chunked_prefill", self.chunked_prefill)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:
             raise ConfigError(
                 f"engine.max_num_batched_tokens={self.token_budget} must be >= engine.max_num_seqs="
@@ -110,5 +112,6 @@ class ClusterConfig:
 
     def __post_init__(self) -> None:
         check_int("cluster.num_instances", self.num_instances, 1)
+        check_bool("cluster.fast", self.fast)
         if isinstance(self.engine, dict):
             object.__setattr__(self, "engine", EngineConfig(**self.engine))

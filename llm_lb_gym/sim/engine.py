@@ -192,6 +192,8 @@ class Engine:
         total = 0.0
         j = k0 + 1
         while j <= k1:
+            if self.idle():   # penalty() is 0 at every later point: skip a long gap in O(1)
+                break
             if (not self._plan_dirty and self.G != self._g_ex and not self.prefilling
                     and (self._blocked or not (self.preempted_q or self.waiting_q))):
                 # Inline the decode-stretch fast path of advance_to for as long as it holds.
@@ -426,6 +428,9 @@ class Engine:
         self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
         self.n_finished += 1
         self._blocked = False
+        if self.idle():   # nobody left: drop the float residue, so an idle penalty is exactly 0
+            self.pen_static = 0.0
+            self._version += 1
 
     def _preempt(self, rid: int) -> None:
         """Recompute preemption: free the blocks, keep the tokens, requeue at the front."""

@@ -30,7 +30,7 @@ class LatencyModel:
     """Coefficients of the iteration-time model, all in seconds."""
 
     base_s: float
-    """Constant per iteration: weight reads, kernel launches, CPU scheduling overhead."""
+    """Constant per iteration (> 0): weight reads, kernel launches, CPU scheduling overhead."""
     prefill_token_s: float
     """Per prompt token computed in the iteration (the paper's grad1 on V100: 3.2e-4)."""
     prefill_attn_s: float
@@ -41,7 +41,9 @@ class LatencyModel:
     """Per context token of the decode sequences (KV cache reads)."""
 
     def __post_init__(self) -> None:
-        for name in ("base_s", "prefill_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s"):
+        # A positive base keeps every iteration (and a request's ideal latency) longer than 0.
+        check_range("latency.base_s", self.base_s, 0.0, lo_open=True)
+        for name in ("prefill_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s"):
             check_range(f"latency.{name}", getattr(self, name), 0.0)
 
     def iteration_s(self, prefill_tokens: int = 0, prefill_attn_pairs: int = 0,

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..limits import CV_RANGE, MIN_RATE_RPS, check_arrival_span
 
 START_CHOICES = ("random", "head")
 """Where a replayed trace window begins: a random row (from the rng) or the first row."""
@@ -39,6 +40,14 @@ def _check_n(n: int) -> None:
     check_int("num_requests", n, 0)
 
 
+def _within_limit(process, times: np.ndarray) -> np.ndarray:
+    """``times`` after checking the last one against ``limits.MAX_ARRIVAL_S``."""
+    check_arrival_span(times, f"{type(process).__name__}(rate_rps={process.rate_rps!r}) with "
+                       f"{len(times)} requests",
+                       "raise rate_rps (the env's arrival_rate_rps) or lower num_requests")
+    return times
+
+
 @dataclass(frozen=True)
 class PoissonArrivals:
     """Memoryless arrivals: exponential inter-arrival times with mean ``1 / rate_rps``."""
@@ -47,13 +56,13 @@ class PoissonArrivals:
     """Mean arrival rate in requests per second (the paper's V100 setting: 20)."""
 
     def __post_init__(self) -> None:
-        check_range("rate_rps", self.rate_rps, 0.0, lo_open=True)
+        check_range("rate_rps", self.rate_rps, MIN_RATE_RPS)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         _check_n(n)
         if n == 0:
             return np.empty(0, dtype=np.float64)
-        return _times_from_gaps(rng.exponential(1.0 / self.rate_rps, size=n - 1))
+        return _within_limit(self, _times_from_gaps(rng.exponential(1.0 / self.rate_rps, size=n - 1)))
 
 
 @dataclass(frozen=True)
@@ -71,15 +80,16 @@ class GammaArrivals:
     """Coefficient of variation of the inter-arrival times (> 0)."""
 
     def __post_init__(self) -> None:
-        check_range("rate_rps", self.rate_rps, 0.0, lo_open=True)
-        check_range("cv", self.cv, 0.0, lo_open=True)
+        check_range("rate_rps", self.rate_rps, MIN_RATE_RPS)
+        check_range("cv", self.cv, *CV_RANGE)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         _check_n(n)
         if n == 0:
             return np.empty(0, dtype=np.float64)
         shape = 1.0 / self.cv**2
-        return _times_from_gaps(rng.gamma(shape, 1.0 / (shape * self.rate_rps), size=n - 1))
+        gaps = rng.gamma(shape, 1.0 / (shape * self.rate_rps), size=n - 1)
+        return _within_limit(self, _times_from_gaps(gaps))
 
 
 @dataclass(frozen=True)
@@ -93,11 +103,11 @@ class DeterministicArrivals:
     """Arrival rate in requests per second."""
 
     def __post_init__(self) -> None:
-        check_range("rate_rps", self.rate_rps, 0.0, lo_open=True)
+        check_range("rate_rps", self.rate_rps, MIN_RATE_RPS)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:
         _check_n(n)
-        return np.arange(n, dtype=np.float64) / self.rate_rps
+        return _within_limit(self, np.arange(n, dtype=np.float64) / self.rate_rps)
 
 
 def check_timestamps(name: str, timestamps_s: np.ndarray) -> np.ndarray:
@@ -114,7 +124,7 @@ def check_timestamps(name: str, timestamps_s: np.ndarray) -> np.ndarray:
 
 
 def trace_window(rng: np.random.Generator, timestamps_s: np.ndarray, n: int, start: str,
-                 rate_scale: float) -> tuple[np.ndarray, np.ndarray]:
+                 rate_scale: float, source: str = "trace") -> tuple[np.ndarray, np.ndarray]:
     """Pick ``n`` consecutive rows of a sorted trace and their replayed arrival times.
 
     Returns ``(rows, times_s)``. ``start="head"`` begins at row 0; ``"random"`` draws the first
@@ -122,11 +132,12 @@ def trace_window(rng: np.random.Generator, timestamps_s: np.ndarray, n: int, sta
     When ``n`` exceeds the trace, the trace wraps around: it repeats as a periodic extension
     whose period is its span plus one mean gap, so the seam looks like an ordinary gap (and a
     random start may then be any row). Times are shifted to start at 0 and divided by
-    ``rate_scale`` (2.0 replays twice as fast).
+    ``rate_scale`` (2.0 replays twice as fast); past ``limits.MAX_ARRIVAL_S`` they raise
+    ``ArrivalLimitError`` naming ``source``.
     """
     _check_n(n)
     check_choice("start", start, START_CHOICES)
-    check_range("rate_scale", rate_scale, 0.0, lo_open=True)
+    check_range("rate_scale", rate_scale, MIN_RATE_RPS)
     num_rows = len(timestamps_s)
     if n == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
@@ -146,6 +157,8 @@ def trace_window(rng: np.random.Generator, timestamps_s: np.ndarray, n: int, sta
         period = span * num_rows / (num_rows - 1)
         times = times + (position // num_rows) * period
     times = (times - times[0]) / rate_scale
+    check_arrival_span(times, f"{source} replayed at rate_scale={rate_scale!r} ({n} requests)",
+                       "raise rate_scale or lower num_requests")
     return rows, times
 
 
@@ -166,7 +179,7 @@ class TraceArrivals:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "timestamps_s", check_timestamps("timestamps_s", self.timestamps_s))
-        check_range("rate_scale", self.rate_scale, 0.0, lo_open=True)
+        check_range("rate_scale", self.rate_scale, MIN_RATE_RPS)
         check_choice("start", self.start, START_CHOICES)
 
     def times_s(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -11,17 +11,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..limits import MAX_TOKENS, check_arrival_span
+
 
 @dataclass(frozen=True)
 class RequestBatch:
     """One episode's requests, sorted by arrival time."""
 
     arrival_s: np.ndarray
-    """float64, non-decreasing arrival times in seconds from the episode start."""
+    """float64, non-decreasing arrival times in seconds from the episode start, at most
+    ``limits.MAX_ARRIVAL_S``."""
     prompt_tokens: np.ndarray
-    """int64 >= 1, prompt length of each request."""
+    """int64 in [1, ``limits.MAX_TOKENS``], prompt length of each request."""
     decode_tokens: np.ndarray
-    """int64 >= 1, true output length (the simulator generates exactly this many tokens)."""
+    """int64 in [1, ``limits.MAX_TOKENS``], true output length (the simulator generates exactly
+    this many tokens)."""
     task_id: np.ndarray
     """int64 index into ``task_names`` (the task type or application of each request)."""
     task_names: tuple[str, ...] = ("default",)
@@ -40,10 +44,15 @@ class RequestBatch:
         if n:
             if np.any(np.diff(self.arrival_s) < 0):
                 raise ValueError("RequestBatch.arrival_s must be non-decreasing")
-            if self.arrival_s[0] < 0:
+            if not self.arrival_s[0] >= 0:
                 raise ValueError("RequestBatch.arrival_s must be >= 0")
+            source = self.meta.get("path") or self.meta.get("workload") or "RequestBatch"
+            check_arrival_span(self.arrival_s, f"{source}: RequestBatch.arrival_s")
             if self.prompt_tokens.min() < 1 or self.decode_tokens.min() < 1:
                 raise ValueError("RequestBatch prompt_tokens and decode_tokens must be >= 1")
+            if max(self.prompt_tokens.max(), self.decode_tokens.max()) > MAX_TOKENS:
+                raise ValueError(f"RequestBatch prompt_tokens and decode_tokens must be <= "
+                                 f"MAX_TOKENS={MAX_TOKENS} (llm_lb_gym.limits)")
             if self.task_id.min() < 0 or self.task_id.max() >= len(self.task_names):
                 raise ValueError("RequestBatch.task_id out of range of task_names")
 
@@ -60,10 +69,26 @@ class RequestBatch:
         task_id = np.zeros(n, np.int64) if task_id is None else np.asarray(task_id, np.int64)
         return RequestBatch(
             arrival_s=arrival_s[order],
-            prompt_tokens=np.asarray(prompt_tokens, np.int64)[order],
-            decode_tokens=np.asarray(decode_tokens, np.int64)[order],
+            prompt_tokens=_counts("prompt_tokens", prompt_tokens)[order],
+            decode_tokens=_counts("decode_tokens", decode_tokens)[order],
             task_id=task_id[order],
             task_names=tuple(task_names),
             texts=None if texts is None else tuple(texts[i] for i in order),
             meta=dict(meta or {}),
         )
+
+
+def _counts(name: str, values) -> np.ndarray:
+    """int64 token counts; a float input must hold whole numbers within ``MAX_TOKENS`` (a cast
+    would wrap 1e19 around silently)."""
+    a = np.asarray(values)
+    if a.dtype.kind == "u" and len(a) and a.max() > MAX_TOKENS:   # would wrap in the int64 cast
+        raise ValueError(f"RequestBatch.{name} must be <= MAX_TOKENS={MAX_TOKENS} (llm_lb_gym.limits)")
+    if a.dtype.kind == "f":
+        if not (np.all(np.isfinite(a)) and np.all(np.abs(a) <= MAX_TOKENS)
+                and np.all(a == np.floor(a))):
+            raise ValueError(f"RequestBatch.{name} must be whole numbers <= MAX_TOKENS="
+                             f"{MAX_TOKENS} (llm_lb_gym.limits)")
+    elif a.dtype.kind not in "iub" and len(a):
+        raise ValueError(f"RequestBatch.{name} must be integers; got dtype {a.dtype}")
+    return a.astype(np.int64)

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..limits import MAX_TOKENS
 from .arrivals import ArrivalProcess, PoissonArrivals
 from .batch import RequestBatch
 from .data_dir import resolve_data_file
@@ -80,9 +81,9 @@ class CorpusWorkload:
         if self.task_filter is not None:
             object.__setattr__(self, "task_filter", tuple(self.task_filter))
         if self.max_prompt_tokens is not None:
-            check_int("max_prompt_tokens", self.max_prompt_tokens, 1)
+            check_int("max_prompt_tokens", self.max_prompt_tokens, 1, MAX_TOKENS)
         if self.max_context_tokens is not None:
-            check_int("max_context_tokens", self.max_context_tokens, 2)
+            check_int("max_context_tokens", self.max_context_tokens, 2, MAX_TOKENS)
         _ = self._rows  # read and filter now: a bad file or filter fails at construction
 
     @property

@@ -22,6 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from .._validate import ConfigError, check_int, check_range, reject_unknown
+from ..limits import MAX_TOKENS
 from .arrivals import ArrivalProcess, PoissonArrivals
 from .batch import RequestBatch
 from .length_dist import TokenLengthDist, fit_lognormal, fit_spliced
@@ -136,8 +137,8 @@ class TaskMixWorkload:
     def __post_init__(self) -> None:
         if not hasattr(self.arrivals, "times_s"):
             raise ConfigError(f"arrivals={self.arrivals!r} must be an arrival process with times_s")
-        check_int("max_prompt_tokens", self.max_prompt_tokens, 1)
-        check_int("max_context_tokens", self.max_context_tokens, self.max_prompt_tokens + 1)
+        check_int("max_prompt_tokens", self.max_prompt_tokens, 1, MAX_TOKENS - 1)
+        check_int("max_context_tokens", self.max_context_tokens, self.max_prompt_tokens + 1, MAX_TOKENS)
         check_int("heavy_decode_tokens", self.heavy_decode_tokens, 2,
                   self.max_context_tokens - self.max_prompt_tokens)
         object.__setattr__(self, "tasks", tuple(self.tasks))

@@ -2,7 +2,10 @@
 
 Formats (``TRACE_FORMATS``):
 - ``azure``: Azure LLM inference trace 2023 CSV, ``TIMESTAMP, ContextTokens, GeneratedTokens``;
-  timestamps are wall-clock datetimes with 7 fractional digits (parsed by numpy as ns).
+  timestamps are wall-clock datetimes with 7 fractional digits (parsed by numpy as ns). A
+  trailing UTC offset (``Z``, ``+00:00``, ``+05:30``, ``-0800``, ``+01``) is applied, so rows
+  written in different zones order correctly; a datetime without one is taken as UTC (the
+  published trace has none); an offset of 24 h or more is an error.
 - ``lengths``: length-only CSV (Sarathi/Vidur exports), ``num_prefill_tokens,
   num_decode_tokens``; no timestamps, so a workload pairs it with a synthetic arrival process.
 - ``mooncake``: JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length``.
@@ -11,25 +14,29 @@ Formats (``TRACE_FORMATS``):
 Other columns or fields are ignored.
 
 Every value is checked: a missing column, an unparsable or non-integral number, a negative
-count or an unparsable timestamp raises ``TraceFormatError`` naming the file, the line and the
-column. Zero token counts are a policy (``zero_tokens``): BurstGPT logs failed requests as rows
+count, a count above ``limits.MAX_TOKENS`` (2**31 - 1) or an unparsable timestamp raises
+``TraceFormatError`` naming the file, the line and the column. Zero token counts are a policy (``zero_tokens``): BurstGPT logs failed requests as rows
 with 0 response tokens, so that format drops zero-count rows by default and counts them in
 ``TraceData.dropped_zero_rows``; for every other format a zero is an error by default (the
 Azure conversation trace has none: GeneratedTokens >= 7 in all 19,366 rows), and
 ``zero_tokens="drop"`` opts into dropping. Rows are sorted by timestamp (stable) if the file is
-not; arrivals are seconds from the earliest row.
+not; arrivals are seconds from the earliest row, at most ``limits.MAX_ARRIVAL_S`` (1e9 s,
+about 31.7 years; a later row is an error).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .._validate import check_choice
+from ..limits import MAX_ARRIVAL_S, MAX_TOKENS
 
 TRACE_FORMATS = ("azure", "lengths", "mooncake", "burstgpt")
 ZERO_TOKEN_POLICIES = ("error", "drop")
@@ -109,42 +116,88 @@ def _parse_floats(path, column: str, values, lines: np.ndarray) -> np.ndarray:
 
 
 def _parse_tokens(path, column: str, values, lines: np.ndarray) -> np.ndarray:
-    """int64 token counts >= 0; fractions and negatives raise with their line."""
+    """int64 token counts in [0, MAX_TOKENS]; fractions, negatives and huge counts raise with
+    their line."""
     numbers = _parse_floats(path, column, values, lines)
-    bad = np.flatnonzero((numbers != np.floor(numbers)) | (numbers < 0))
+    bad = np.flatnonzero((numbers != np.floor(numbers)) | (numbers < 0) | (numbers > MAX_TOKENS))
     if len(bad):
         i = int(bad[0])
-        problem = "is negative" if numbers[i] < 0 else "is not a whole number of tokens"
+        if numbers[i] < 0:
+            problem = "is negative"
+        elif numbers[i] > MAX_TOKENS:
+            problem = f"exceeds the limit MAX_TOKENS={MAX_TOKENS} (llm_lb_gym.limits)"
+        else:
+            problem = "is not a whole number of tokens"
         raise TraceFormatError(path, int(lines[i]), column, f"{values[i]!r} {problem}")
     return numbers.astype(np.int64)
 
 
 def _parse_datetimes(path, column: str, values, lines: np.ndarray) -> np.ndarray:
-    """Seconds (float64) since the epoch from ISO-like datetime strings (UTC 'Z'/'+00:00' ok)."""
-    cleaned = np.array([_strip_utc(v) for v in values])
-    try:
-        stamps = cleaned.astype("datetime64[ns]")
-    except ValueError:
-        stamps = None
-    if stamps is None or np.any(np.isnat(stamps)):
-        for value, text, line in zip(values, cleaned, lines):
-            try:
-                if np.isnat(np.datetime64(text, "ns")):
-                    raise ValueError
-            except ValueError:
-                raise TraceFormatError(path, int(line), column,
-                                       f"{value!r} is not a datetime (YYYY-MM-DD HH:MM:SS.fff)") from None
-        raise TraceFormatError(path, int(lines[0]), column, "timestamps do not parse as one array")
-    return stamps.astype(np.int64).astype(np.float64) * 1e-9
+    """Seconds (float64) since the epoch, UTC, from ISO-like datetime strings; a trailing UTC
+    offset (``Z``, ``+05:30``, ``-0800``, ``+01``) is applied, none means UTC."""
+    cleaned, offsets = [], np.zeros(len(values), dtype=np.int64)
+    for i, value in enumerate(values):
+        text, offset_s = _split_offset(value)
+        if offset_s is None:
+            raise TraceFormatError(path, int(lines[i]), column,
+                                   f"{value!r} has a UTC offset outside -23:59..+23:59")
+        cleaned.append(text)
+        offsets[i] = offset_s
+    cleaned = np.array(cleaned)
+    with warnings.catch_warnings():
+        # numpy warns and guesses on an offset it is left to parse: make that a parse error.
+        warnings.simplefilter("error", UserWarning)
+        try:
+            stamps = cleaned.astype("datetime64[ns]")
+        except (ValueError, UserWarning):
+            stamps = None
+        if stamps is None or np.any(np.isnat(stamps)):
+            for value, text, line in zip(values, cleaned, lines):
+                try:
+                    if np.isnat(np.datetime64(text, "ns")):
+                        raise ValueError
+                except (ValueError, UserWarning):
+                    raise TraceFormatError(
+                        path, int(line), column,
+                        f"{value!r} is not a datetime (YYYY-MM-DD HH:MM:SS.fff, optional UTC "
+                        "offset such as Z or +05:30)") from None
+            raise TraceFormatError(path, int(lines[0]), column, "timestamps do not parse as one array")
+    ns = stamps.astype(np.int64)
+    if offsets.any():
+        ns = ns - offsets * 1_000_000_000   # local time minus its offset is UTC
+    return ns.astype(np.float64) * 1e-9
 
 
-def _strip_utc(text: str) -> str:
+def _check_span(path, column: str, arrival: np.ndarray, values, lines: np.ndarray,
+                order: np.ndarray) -> None:
+    """Reject the first row (in time order) past ``limits.MAX_ARRIVAL_S`` after the earliest."""
+    late = np.flatnonzero(~(arrival <= MAX_ARRIVAL_S))
+    if len(late):
+        first, row = int(order[0]), int(order[late[0]])
+        raise TraceFormatError(
+            path, int(lines[row]), column,
+            f"{values[row]!r} is {arrival[late[0]]:.6g} s after the earliest row (line "
+            f"{int(lines[first])}); arrivals are limited to MAX_ARRIVAL_S={MAX_ARRIVAL_S:g} s "
+            "(llm_lb_gym.limits)")
+
+
+_OFFSET = re.compile(r"(.*\d[T ]?\d{1,2}:\d{2}(?::\d{2}(?:\.\d*)?)?)\s*"
+                     r"(?:([Zz])|([+-])(\d{2})(?::?(\d{2}))?)")
+
+
+def _split_offset(text: str) -> tuple[str, int | None]:
+    """(naive datetime text, UTC offset in seconds); offset None when out of range."""
     text = text.strip()
-    if text.endswith("Z"):
-        return text[:-1]
-    if text.endswith("+00:00"):
-        return text[:-6]
-    return text
+    m = _OFFSET.fullmatch(text)
+    if m is None:
+        return text, 0
+    naive, zulu, sign, hours, minutes = m.groups()
+    if zulu:
+        return naive, 0
+    h, mins = int(hours), int(minutes or 0)
+    if h > 23 or mins > 59:
+        return naive, None
+    return naive, (h * 3600 + mins * 60) * (1 if sign == "+" else -1)
 
 
 # -- file readers -------------------------------------------------------------------------------
@@ -251,6 +304,7 @@ def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) ->
                                "every row has 0 tokens; nothing left after dropping them")
     if arrival is not None:
         arrival = arrival[order] - arrival[order[0]]
+        _check_span(path, names["time"], arrival, raw[names["time"]], lines, order)
         arrival.setflags(write=False)
     columns = [prompt[order], decode[order], np.asarray(task_id, np.int64)[order], lines[order]]
     for c in columns:

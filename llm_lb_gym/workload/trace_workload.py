@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..limits import MAX_TOKENS, MIN_RATE_RPS
 from .arrivals import START_CHOICES, ArrivalProcess, trace_window
 from .batch import RequestBatch
 from .trace_readers import TRACE_FORMATS, ZERO_TOKEN_POLICIES, TraceData, read_trace
@@ -85,7 +86,7 @@ class TraceWorkload:
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(self.path))
         check_choice("format", self.format, TRACE_FORMATS)
-        check_range("rate_scale", self.rate_scale, 0.0, lo_open=True)
+        check_range("rate_scale", self.rate_scale, MIN_RATE_RPS)
         check_choice("start", self.start, START_CHOICES)
         if self.zero_tokens is not None:
             check_choice("zero_tokens", self.zero_tokens, ZERO_TOKEN_POLICIES)
@@ -95,9 +96,9 @@ class TraceWorkload:
             raise ConfigError("rate_scale applies to recorded timestamps; with arrivals=... "
                               "set the process's rate instead (allowed: rate_scale=1.0)")
         if self.max_prompt_tokens is not None:
-            check_int("max_prompt_tokens", self.max_prompt_tokens, 1)
+            check_int("max_prompt_tokens", self.max_prompt_tokens, 1, MAX_TOKENS)
         if self.max_context_tokens is not None:
-            check_int("max_context_tokens", self.max_context_tokens, 2)
+            check_int("max_context_tokens", self.max_context_tokens, 2, MAX_TOKENS)
         data = self.data  # parse now: a bad path or file fails at construction
         if not data.has_timestamps and self.arrivals is None:
             raise ConfigError(f"format={self.format!r} has no timestamps; pass arrivals=... "
@@ -149,7 +150,8 @@ class TraceWorkload:
         rows = self._rows
         num_rows = len(rows.prompt_tokens)
         if rows.arrival_s is not None:
-            idx, times = trace_window(rng, rows.arrival_s, n, self.start, self.rate_scale)
+            idx, times = trace_window(rng, rows.arrival_s, n, self.start, self.rate_scale,
+                                      self.path)
         else:
             idx, times = self._length_rows(rng, n, num_rows), None
         if self.arrivals is not None:

@@ -1,0 +1,94 @@
+"""Request accounting for the result tables: what the latency columns do not cover.
+
+Latency means and percentiles are over completed requests only. A request rejected at arrival
+(it can never fit the engine) or left unfinished (an episode cut at its step limit) drops out
+of them silently, so a table whose cluster rejected two thirds of the requests can show a
+healthy mean E2E. Every table therefore carries completed / rejected / unfinished counts
+(means per episode) and, when more than ``LOSS_WARN_FRACTION`` of the requests were rejected or
+left unfinished, a warning line above it; and its header names the workload actually replayed
+(a trace's path and rate scale), read from the env rather than from the config group's name.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+ACCOUNTING_COLUMNS = (("completed", "completed"), ("rejected", "rejected"),
+                      ("unfinished", "unfinished"))
+"""(metrics key, column title); each cell is the mean per episode."""
+LOSS_WARN_FRACTION = 0.01
+"""Warn above this share of requests rejected or left unfinished."""
+
+
+def _unfinished(row: dict) -> float:
+    if "unfinished" in row:
+        return float(row["unfinished"])
+    return float(row["num_requests"] - row["completed"] - row["rejected"])
+
+
+def _count(row: dict, key: str) -> float:
+    return _unfinished(row) if key == "unfinished" else float(row[key])
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
+
+
+def accounting_cells(rows: list[dict]) -> list[str]:
+    """completed, rejected, unfinished over ``rows`` (episodes), as table cells."""
+    return [_fmt(np.mean([_count(r, k) for r in rows])) for k, _ in ACCOUNTING_COLUMNS]
+
+
+def loss_warning(rows: list[dict]) -> str | None:
+    """One loud line naming every policy whose episodes lost more than ``LOSS_WARN_FRACTION``
+    of their requests to rejection or an unfinished end; None when none did."""
+    parts = []
+    for p in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == p]
+        total = sum(float(r["num_requests"]) for r in mine)
+        rej = sum(float(r["rejected"]) for r in mine)
+        unf = sum(_unfinished(r) for r in mine)
+        if total and (rej + unf) / total > LOSS_WARN_FRACTION:
+            parts.append(f"{p} {100 * rej / total:.1f}% rejected, {100 * unf / total:.1f}% unfinished")
+    if not parts:
+        return None
+    return (f"**WARNING: more than {100 * LOSS_WARN_FRACTION:g}% of requests were not completed** "
+            f"({'; '.join(parts)}); the latency columns cover completed requests only. Rejected "
+            "requests never fit the engine (see rejected_<reason> in results.csv); unfinished ones "
+            "were in the system when the episode hit its step limit.")
+
+
+def describe_arrivals(arrivals) -> str:
+    from llm_lb_gym.workload.arrivals import (DeterministicArrivals, GammaArrivals,
+                                              PoissonArrivals, TraceArrivals)
+
+    if isinstance(arrivals, PoissonArrivals):
+        return f"Poisson {arrivals.rate_rps:g} req/s"
+    if isinstance(arrivals, GammaArrivals):
+        return f"gamma {arrivals.rate_rps:g} req/s, cv {arrivals.cv:g}"
+    if isinstance(arrivals, DeterministicArrivals):
+        return f"deterministic {arrivals.rate_rps:g} req/s"
+    if isinstance(arrivals, TraceArrivals):
+        return f"replayed timestamps ({len(arrivals.timestamps_s)} rows) at rate_scale {arrivals.rate_scale:g}"
+    return repr(arrivals)
+
+
+def describe_workload(workload, with_arrivals: bool = True) -> str:
+    """The workload a built env replays, e.g. ``trace /data/x.csv (azure) at rate_scale 2``;
+    ``with_arrivals=False`` leaves out synthetic arrival processes (a sweep varies them)."""
+    from llm_lb_gym.workload.corpus import CorpusWorkload
+    from llm_lb_gym.workload.task_mix import TaskMixWorkload
+    from llm_lb_gym.workload.trace_workload import TraceWorkload
+
+    if isinstance(workload, TraceWorkload):
+        text = f"trace {workload.path} ({workload.format})"
+        if workload.arrivals is None:
+            return f"{text} at rate_scale {workload.rate_scale:g}"
+        text += " lengths"
+    elif isinstance(workload, TaskMixWorkload):
+        text = "task mix"
+    elif isinstance(workload, CorpusWorkload):
+        text = f"corpus {workload.path} (split {workload.split})"
+    else:
+        return type(workload).__name__
+    return f"{text}, {describe_arrivals(workload.arrivals)}" if with_arrivals else text

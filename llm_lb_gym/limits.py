@@ -1,0 +1,102 @@
+"""Bounds on inputs that keep the simulator exact and every call's work bounded.
+
+``MAX_ARRIVAL_S``: arrival times (seconds from the episode's first request, after any replay
+speed-up) must not exceed 1e9 s, about 31.7 years. Far beyond any trace or load test, it keeps
+the decision grid exact: with the smallest decision interval (``MIN_DECISION_INTERVAL_S``) grid
+indices stay below 1e13, where ``k * dt`` is exact enough that the search for the next
+decision time ends in a step or two (at 2**53 / dt seconds it would never end), and the clock
+still resolves 1e-7 s. Trace readers, replay windows, arrival processes and ``RequestBatch``
+check it and raise a named error (``ArrivalLimitError`` or the readers' ``TraceFormatError``)
+that says which file or option produced the time.
+
+``MAX_TOKENS``: token counts (a request's prompt or output length, read from a trace or corpus
+or given in a ``RequestBatch``) must not exceed 2**31 - 1. No model's context comes near it,
+and below it sums and squares of counts stay exact in int64 (the compiled engine's C longs),
+so a garbage value such as ``1e19`` is an error naming its file, line and column instead of
+an overflow at ``reset``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ._validate import ConfigError
+
+MAX_ARRIVAL_S = 1e9
+"""Latest allowed arrival time in seconds from the episode start (about 31.7 years)."""
+
+MAX_TOKENS = 2**31 - 1
+"""Largest allowed token count of one request's prompt or output."""
+
+MAX_CONTEXT_TOKENS = 2**20
+"""Largest engine context (``max_model_len``) and iteration token budget
+(``max_num_batched_tokens``): 1,048,576 tokens, beyond any served model. Longer requests are
+rejected at arrival, so this bounds the simulated time (and the decision-grid walk) of one
+request: a 1M-token prefill on the V100 preset lasts about 6 hours, a 2**31-token one years."""
+
+MAX_REQUESTS = 10_000_000
+"""Most requests per episode (the simulator keeps a few Python lists of this length)."""
+
+MAX_INSTANCES = 1024
+"""Most instances in a cluster (the observation has a row per instance)."""
+
+MIN_DECISION_INTERVAL_S = 1e-4
+"""Shortest allowed decision interval (0.1 ms, below any iteration time of the presets); the
+longest is ``MAX_ARRIVAL_S``."""
+
+MIN_RATE_RPS = 1.0 / MAX_ARRIVAL_S
+"""Slowest allowed arrival rate and replay ``rate_scale``: below it even one mean gap (or one
+recorded second) lies past ``MAX_ARRIVAL_S``."""
+
+CV_RANGE = (0.01, 100.0)
+"""Allowed coefficient of variation of gamma inter-arrival times (gamma shape 1e4 .. 1e-4)."""
+
+_MAX_GRID_INDEX = 2**52
+"""Grid indices at or above this lose exactness in ``k * dt`` (float64 has 53 bits)."""
+
+
+class ArrivalLimitError(ConfigError):
+    """An arrival time lies beyond ``MAX_ARRIVAL_S``, or beyond what the decision grid resolves."""
+
+
+def check_arrival_span(times_s, source: str, hint: str = "") -> None:
+    """Raise ArrivalLimitError naming ``source`` if the last of the non-decreasing ``times_s``
+    exceeds ``MAX_ARRIVAL_S``. ``hint`` says which option to change."""
+    if len(times_s) == 0:
+        return
+    last = float(np.max(times_s))
+    if last != last:
+        raise ArrivalLimitError(f"{source}: arrival times include NaN; allowed: finite seconds")
+    if not last <= MAX_ARRIVAL_S:
+        raise ArrivalLimitError(
+            f"{source}: arrival times reach {last:.6g} s, beyond the limit MAX_ARRIVAL_S="
+            f"{MAX_ARRIVAL_S:g} s (llm_lb_gym.limits){'; ' + hint if hint else ''}")
+
+
+def grid_index_at_or_after(t: float, dt: float, k_min: int) -> int:
+    """The smallest grid index ``k >= k_min`` with ``k * dt >= t``.
+
+    ``ceil(t / dt)`` is off by at most a step or two in floating point; the corrections below
+    are bounded, and a time the grid cannot resolve raises instead of looping."""
+    q = t / dt
+    if not q < _MAX_GRID_INDEX:
+        raise ArrivalLimitError(
+            f"time {t!r} s is beyond the decision grid: time / decision_interval_s must stay "
+            f"below 2**52 (arrival times are limited to MAX_ARRIVAL_S={MAX_ARRIVAL_S:g} s)")
+    k = max(k_min, math.ceil(q))
+    for _ in range(8):
+        if k * dt >= t:
+            break
+        k += 1
+    else:
+        raise ArrivalLimitError(f"no grid point k * {dt!r} reaches {t!r} s (grid resolution)")
+    for _ in range(8):
+        if k - 1 >= k_min and (k - 1) * dt >= t:
+            k -= 1
+        else:
+            break
+    else:
+        raise ArrivalLimitError(f"no grid point k * {dt!r} reaches {t!r} s (grid resolution)")
+    return k
