@@ -113,15 +113,14 @@ def evaluate(cfg, out: Path | None = None) -> dict:
             router = make_env_router(name, env.unwrapped, **(to_container(cfg.get("policy_options", {})).get(name, {}) if cfg.get("policy_options") else {}))
             run = lambda s: rollout_router(env, router, s)  # noqa: E731
         else:
-            from agents.factory import load_agent
-
-            agent = load_agent(spec["kind"], spec["path"], env=env)
-            run = lambda s: rollout_agent(env, agent, s)  # noqa: E731
+            agent, agent_env = _load_agent(spec, kw, env)
+            run = lambda s, agent=agent, agent_env=agent_env: rollout_agent(agent_env, agent, s)  # noqa: E731
         lat = []
         for s in seeds:
+            t_ep = time.perf_counter()
             res = run(s)
             rows.append({"policy": name, "seed": s, **res.metrics, "episode_return": res.episode_return,
-                         "steps": res.steps})
+                         "steps": res.steps, "wall_s": time.perf_counter() - t_ep})
             lat.append(res.latencies["e2e_s"])
         e2e[name] = np.concatenate(lat)
         print(f"  {name}: mean E2E {np.mean([r['mean_e2e_s'] for r in rows if r['policy'] == name]):.3f} s",
@@ -147,6 +146,30 @@ def evaluate(cfg, out: Path | None = None) -> dict:
     print(table)
     print(f"results: {out}")
     return {"rows": rows, "table": table, "out": out, "warning": warning, "workload": workload}
+
+
+def _load_agent(spec: dict, kw: dict, env):
+    """A trained agent and the env it acts in. ``spec``: ``kind``, ``path``, and optionally
+    ``env`` (env options that differ for this agent, e.g. the learned router's action and
+    observation options; merged into the evaluation's) and ``any_instances`` (act through the
+    network on any instance count: ``agents.equivariant.SetPolicyActor``, for a model trained on
+    a different ``num_instances``). Requests, seeds and the cluster stay the evaluation's."""
+    import gymnasium as gym
+
+    from agents.factory import load_agent
+
+    own = spec.get("env") or {}
+    agent_env = env
+    if own:
+        merged = dict(kw)
+        for key, value in own.items():
+            merged[key] = {**(merged.get(key) or {}), **value} if isinstance(value, dict) else value
+        agent_env = gym.make("LLMCluster-v0", **merged)
+    if spec.get("any_instances"):
+        from agents.equivariant import SetPolicyActor
+
+        return SetPolicyActor(load_agent(spec["kind"], spec["path"])), agent_env
+    return load_agent(spec["kind"], spec["path"], env=agent_env), agent_env
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")

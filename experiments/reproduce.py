@@ -77,71 +77,93 @@ def _model_path(run: Path, agent: str) -> Path:
 
 def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wait: dict,
                 baseline: str = "round_robin") -> str:
-    """The paper's table layout: one row per router, reductions vs ``baseline`` (positive = faster)."""
+    """One row per router: mean E2E and its paired change vs ``baseline`` (the paper's sign:
+    positive = faster), the p99 E2E and its change, preemptions, router waits (mean and p99: the
+    price of holding requests), the worst episode's distance from the router's median episode
+    (a collapsing policy shows here), request accounting, and the paper's numbers."""
     from experiments._accounting import accounting_cells
     from experiments.evaluate import paired_change
 
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
     base = np.array([r["mean_e2e_s"] for r in by[baseline]])
-    lines = ["| router | mean E2E (s) | reduction vs RR (%, 95% CI) | router wait (s) | preemptions "
-             "| paper: reduction vs RR (%) | paper: router wait (s) | completed | rejected | unfinished |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    base99 = np.array([r["p99_e2e_s"] for r in by[baseline]])
+    lines = ["| router | mean E2E (s) | reduction vs RR (%, 95% CI) | p99 E2E (s) | p99 change vs RR (%) "
+             "| preemptions | router wait mean / p99 (s) | worst episode vs median (%) "
+             "| completed | rejected | unfinished | s per episode "
+             "| paper: reduction vs RR (%) | paper: router wait (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = sorted(policies, key=lambda p: (p != baseline, p not in labels, policies.index(p)))
     for p in order:
         e2e = np.array([r["mean_e2e_s"] for r in by[p]])
         mean, half = paired_change(e2e, base)
         red = "0 (baseline)" if p == baseline else (
             f"{-mean:+.2f}" + ("" if math.isnan(half) else f" ± {half:.2f}"))
+        p99 = np.array([r["p99_e2e_s"] for r in by[p]])
+        p99_change = "" if p == baseline else f"{np.mean(100 * (p99 - base99) / base99):+.1f}"
         wait = np.mean([r["mean_router_wait_s"] for r in by[p]])
+        wait99 = np.mean([r.get("p99_router_wait_s", math.nan) for r in by[p]])
         pre = np.mean([r["preemptions"] for r in by[p]])
-        ours = labels.get(p, p)
-        pp = paper.get(p)
-        pw = paper_wait.get(p)
-        lines.append(f"| {ours} | {e2e.mean():.2f} | {red} | {wait:.2f} | {pre:.0f} | "
-                     f"{'' if pp is None else f'{pp:+.2f}'} | {'' if pw is None else f'{pw:.2f}'} | "
-                     + " | ".join(accounting_cells(by[p])) + " |")
+        med = float(np.median(e2e))
+        worst = float(np.max(np.abs(e2e - med)) / med * 100) if med > 0 else math.nan
+        wall = np.mean([r.get("wall_s", math.nan) for r in by[p]])
+        pp, pw = paper.get(p), paper_wait.get(p)
+        lines.append(f"| {labels.get(p, p)} | {e2e.mean():.2f} | {red} | {p99.mean():.1f} | {p99_change} | "
+                     f"{pre:.0f} | {wait:.2f} / {wait99:.1f} | {worst:.1f} | "
+                     + " | ".join(accounting_cells(by[p])) + f" | {wall:.2g} | "
+                     f"{'' if pp is None else f'{pp:+.2f}'} | {'' if pw is None else f'{pw:.2f}'} |")
     return "\n".join(lines)
 
 
-def _experiment(cfg, setting: str) -> str:
-    """``experiment=`` override: the setting, then ``extra_experiments`` (e.g. debug) on top."""
-    extra = list(cfg.get("extra_experiments") or [])
-    return f"experiment={setting}" if not extra else f"experiment=[{','.join([setting, *extra])}]"
+def _experiment(cfg, setting: str, *more: str) -> str:
+    """``experiment=`` override: the setting, a variant's own experiments (e.g. learned_router),
+    then ``extra_experiments`` (e.g. debug) on top."""
+    names = [setting, *more, *list(cfg.get("extra_experiments") or [])]
+    return f"experiment={names[0]}" if len(names) == 1 else f"experiment=[{','.join(names)}]"
+
+
+def _variant_experiments(var) -> list[str]:
+    exp = var.get("experiment")
+    return [] if exp is None else ([exp] if isinstance(exp, str) else list(exp))
 
 
 def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
     from experiments.train import train
 
     var = cfg.variants[key]
-    overrides = [_experiment(cfg, setting), f"reward={var.reward}", f"agent={cfg.agent}", f"seed={cfg.seed}",
-                 f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2", "eval.plot=false",
-                 *cfg.train_overrides]
+    overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={cfg.agent}",
+                 f"seed={cfg.seed}", f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2",
+                 "eval.plot=false", *cfg.train_overrides, *list(var.get("overrides") or [])]
+    if var.get("reward"):
+        overrides.insert(1, f"reward={var.reward}")
     if cfg.train_episodes is not None:
         overrides.append(f"train.episodes={int(cfg.train_episodes)}")
     tcfg = compose("train", overrides)
     res = train(tcfg, out=out)
+    env = to_container(tcfg.env)
     return {"model": str(res["model_path"]), "train_wall_s": res["train_wall_s"],
-            "train_episodes": len(res["history"]), "overrides": overrides}
+            "train_episodes": len(res["history"]), "overrides": overrides,
+            "env": {k: env[k] for k in ("action", "obs") if k in env}}
 
 
 def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate."""
     from experiments.evaluate import evaluate
     from experiments.load_sweep import capacity_rps
+    from llm_lb_gym._validate import ConfigError
 
     t0 = time.perf_counter()
     trained: dict[str, dict] = {}
     for key in cfg.run_variants:
         if key not in cfg.variants:
-            from llm_lb_gym._validate import ConfigError
-
             raise ConfigError(f"run_variants: {key!r}; allowed: {', '.join(cfg.variants)}")
         if cfg.models_from:
-            trained[key] = {"model": str(_model_path(Path(cfg.models_from) / setting / key, cfg.agent)),
-                            "train_wall_s": None}
+            run = Path(cfg.models_from) / setting / key
+            rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}
+            trained[key] = {**rec, "model": str(_model_path(run, cfg.agent)), "train_wall_s": rec.get("train_wall_s")}
         else:
             trained[key] = _train_variant(cfg, setting, key, out / key)
+            (out / key / "variant.json").write_text(json.dumps(trained[key], indent=2, default=str))
     t_train = time.perf_counter() - t0
 
     ecfg = compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"])
@@ -152,8 +174,10 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
                             else exp_eval.get("episodes", ecfg.episodes))
         ecfg.policies = list(cfg.policies if cfg.policies is not None
                              else exp_eval.get("policies", ecfg.policies))
+        ecfg.policy_options = to_container(exp_eval.get("policy_options")) or {}
         ecfg.plot = bool(exp_eval.get("plot", True))
-        ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"]} for k, v in trained.items()}
+        ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"], "env": v.get("env") or {}}
+                       for k, v in trained.items()}
         # An agent that defers forever is cut off (requests left unfinished are reported).
         ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
     kw = env_kwargs(ecfg)
@@ -169,19 +193,16 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     table = paper_table(ev["rows"], labels, paper, wait)
     if ev.get("warning"):
         table = ev["warning"] + "\n\n" + table
-    unfinished = {k: int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == k)) for k in trained}
-    if any(unfinished.values()):
-        table += (f"\n\nUnfinished requests at the step limit (mean E2E covers finished ones only): "
-                  f"{ {k: v for k, v in unfinished.items() if v} }")
     n_eps = len({r["seed"] for r in ev["rows"]})
     train_eps = {k: v.get("train_episodes") for k, v in trained.items()}
+    train_walls = {k: round(v["train_wall_s"]) for k, v in trained.items() if v.get("train_wall_s")}
     eng = kw["engine"]
     header = (f"### {setting}\n\n{kw['num_instances']} instances, {eng.get('preset')}"
               f"{', chunked prefill' if eng.get('chunked_prefill') else ''}"
               f"{', num_kv_blocks ' + str(eng['num_kv_blocks']) if eng.get('num_kv_blocks') else ''}, "
               f"workload {ev.get('workload', kw['workload'].get('name'))}, {kw['num_requests']} requests per episode; "
               f"offered {rate:.1f} req/s, measured capacity {mu:.2f} req/s, load factor {rate / mu:.2f}. "
-              f"Agent {cfg.agent}, training episodes per variant {train_eps}"
+              f"Agent {cfg.agent}, training episodes per variant {train_eps}, training wall (s) {train_walls}"
               f"{' (models from ' + str(cfg.models_from) + ')' if cfg.models_from else ''}; "
               f"evaluation: {n_eps} episodes, seeds {cfg.eval_seed}..{int(cfg.eval_seed) + n_eps - 1}, "
               f"identical for every router. Paper numbers: {paper_key}. "
@@ -194,6 +215,44 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
             "eval": ev}
 
 
+def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
+    """A trained variant on another instance count (its network runs on any m): the setting with
+    ``num_instances`` and the arrival rate scaled by the same factor (the same load factor),
+    against the heuristics there."""
+    from experiments.evaluate import evaluate
+
+    src = next((r for r in results if r["setting"] == spec.setting), None)
+    if src is None or spec.variant not in src["trained"]:
+        from llm_lb_gym._validate import ConfigError
+
+        raise ConfigError(f"transfer: {spec.setting}/{spec.variant} was not trained in this run; "
+                          f"settings {[r['setting'] for r in results]}")
+    ecfg = compose("evaluate", [_experiment(cfg, spec.setting), f"seed={cfg.eval_seed}"])
+    with open_dict(ecfg):
+        exp_eval = ecfg.get("eval") or {}
+        factor = int(spec.num_instances) / int(ecfg.env.num_instances)
+        ecfg.env.num_instances = int(spec.num_instances)
+        ecfg.env.arrival_rate_rps = float(ecfg.env.arrival_rate_rps) * factor
+        ecfg.env.num_requests = int(int(ecfg.env.num_requests) * factor)
+        ecfg.episodes = int(spec.get("episodes") or exp_eval.get("episodes", 10))
+        ecfg.policies = list(spec.policies)
+        ecfg.policy_options = to_container(exp_eval.get("policy_options")) or {}
+        ecfg.plot = False
+        tr = src["trained"][spec.variant]
+        ecfg.agents = {f"{spec.variant}_m{spec.num_instances}": {
+            "kind": cfg.agent, "path": tr["model"], "env": tr.get("env") or {}, "any_instances": True}}
+        ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
+    t0 = time.perf_counter()
+    ev = evaluate(ecfg, out=out / f"transfer_{spec.setting}_{spec.variant}_m{spec.num_instances}")
+    labels = {f"{spec.variant}_m{spec.num_instances}":
+              f"{cfg.variants[spec.variant].label}, trained on {int(ecfg.env.num_instances / factor)}"}
+    text = (f"### {spec.setting} on {spec.num_instances} instances ({ecfg.env.arrival_rate_rps:g} req/s, "
+            f"{ecfg.env.num_requests} requests): {spec.variant} trained on {int(ecfg.env.num_instances / factor)} "
+            f"instances\n\n{paper_table(ev['rows'], labels, {}, {})}\n\nWall {time.perf_counter() - t0:.0f} s.\n")
+    print(text, flush=True)
+    return {"setting": f"{spec.setting}_m{spec.num_instances}", "table": text}
+
+
 def reproduce(cfg, out: Path | None = None) -> dict:
     """Every setting of ``cfg.settings``; writes ``reproduction.md`` and ``reproduction.json``."""
     import torch
@@ -203,6 +262,7 @@ def reproduce(cfg, out: Path | None = None) -> dict:
     write_run_record(out, cfg)
     t0 = time.perf_counter()
     results = [reproduce_setting(cfg, s, out / s) for s in cfg.settings]
+    results += [transfer_setting(cfg, spec, results, out) for spec in (cfg.get("transfer") or [])]
     wall = time.perf_counter() - t0
     text = "\n".join(r["table"] for r in results) + f"\nTotal wall time {wall:.0f} s.\n"
     (out / "reproduction.md").write_text(text)

@@ -132,9 +132,12 @@ def test_variants_are_reward_modes():
     for mode, cfg in cfgs.items():
         assert cfg.reward.mode == mode
     rep = _compose([], config_name="reproduce")
-    assert {v.reward for v in rep.variants.values()} == set(cfgs)
+    assert {v.reward for v in rep.variants.values() if v.get("reward")} == set(cfgs)
     for setting in list(rep.settings) + list(rep.paper) + list(rep.paper_as):
         assert (CONF / "experiment" / f"{setting}.yaml").exists(), setting
+    for v in rep.variants.values():   # a variant beyond the paper names its experiment
+        if not v.get("reward"):
+            assert (CONF / "experiment" / f"{v.experiment}.yaml").exists(), v
 
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "submitit_slurm", "local_parallel",

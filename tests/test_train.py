@@ -68,7 +68,8 @@ def _reloads_and_acts(cfg, model_path: Path) -> None:
 def test_experiment_trains_in_debug_size(experiment, tmp_path):
     from experiments.train import train
 
-    cfg = _compose("train", [f"experiment=[{experiment},debug]", "agent.kwargs.learning_starts=50"])
+    more = ["train.episodes=40"] if experiment == "learned_router" else []   # it holds requests: longer episodes
+    cfg = _compose("train", [f"experiment=[{experiment},debug]", "agent.kwargs.learning_starts=50", *more])
     try:
         res = train(cfg, out=tmp_path)
     except FileNotFoundError as err:   # trace workloads read ../shared/data

@@ -15,7 +15,8 @@ from .request import RequestTable, Status
 METRIC_KEYS = (
     "num_requests", "completed", "rejected", "mean_e2e_s", "p50_e2e_s", "p90_e2e_s", "p99_e2e_s",
     "mean_ttft_s", "p50_ttft_s", "p99_ttft_s", "mean_tbt_s", "p99_tbt_s", "mean_router_wait_s",
-    "mean_queue_wait_s", "preemptions", "makespan_s", "throughput_rps",
+    "p99_router_wait_s", "max_router_wait_s", "mean_queue_wait_s", "preemptions", "makespan_s",
+    "throughput_rps",
 )
 
 
@@ -68,6 +69,10 @@ def episode_metrics(table: RequestTable) -> dict[str, float]:
         "p99_e2e_s": _pct(e2e, 99), "mean_ttft_s": _mean(ttft), "p50_ttft_s": _pct(ttft, 50),
         "p99_ttft_s": _pct(ttft, 99), "mean_tbt_s": _mean(tbt), "p99_tbt_s": _pct(tbt, 99),
         "mean_router_wait_s": _mean(lat["router_wait_s"]),
+        # The tail of the router wait: how long a router that holds requests (late binding,
+        # shortest-first) lets the unlucky ones wait, i.e. whether its starvation bound holds.
+        "p99_router_wait_s": _pct(lat["router_wait_s"], 99),
+        "max_router_wait_s": float(np.max(lat["router_wait_s"])) if len(e2e) else math.nan,
         "mean_queue_wait_s": _mean(lat["queue_wait_s"]),
         "preemptions": int(np.sum(table.column("preemptions"))),
         "makespan_s": makespan,
