@@ -287,7 +287,8 @@ def test_routers_read_predictions_not_true_lengths(name):
     rows = [(0.0, 10 + i, 5 + 40 * i) for i in range(8)]
     c = loaded_cluster(3, rows, [0, 1, 2, 0])
     c.advance_to(1.5)
-    view = SimpleNamespace(t=c.t, queue=c.queue, engines=c.engines, table=_NoDecodeTable(c.table))
+    view = SimpleNamespace(t=c.t, queue=c.queue, engines=c.engines, last_route_s=c.last_route_s,
+                           table=_NoDecodeTable(c.table))
     r = make_router(name)
     r.reset(np.random.default_rng(0), 3)
     choice = decide(view, r)

@@ -190,7 +190,6 @@ class LLMClusterEnv(gym.Env):
             # Drawn after the workload and predictions, so the episode is the same as without.
             self._teacher.reset(np.random.default_rng(rng.integers(2**63)), self.m)
         self._finished_seen = 0
-        self._last_route = [0.0] * self.m
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp, _ = self._advance_until_decision(0)
         obs = self._observe()
@@ -233,7 +232,6 @@ class LLMClusterEnv(gym.Env):
         h = self._guidance(position, instance) if self._guided and c.queue else 0.0
         if position is not None:
             c.route(instance, position)
-            self._last_route[instance] = c.t
         pen = comp = 0.0
         if position is None or self.cfg.one_action_per_interval:
             p, n = self._tick()          # the step's first interval: weight 1
@@ -277,7 +275,7 @@ class LLMClusterEnv(gym.Env):
 
     def _observe(self):
         self._cands = self._candidates()
-        return self.obs_builder.observe(self.cluster, self._cands, self._last_route)
+        return self.obs_builder.observe(self.cluster, self._cands)
 
     def _candidates(self) -> tuple[int, ...]:
         """The request ids the agent may route now (``ActionConfig``)."""

@@ -165,10 +165,9 @@ class ObservationBuilder:
         return [f for f, on in (("free_kv_blocks", self.f_free), ("waiting_blocks", self.f_wait),
                                 ("time_since_route", self.f_since)) if on]
 
-    def observe(self, cluster, candidates=None, last_route_s=None):
+    def observe(self, cluster, candidates=None):
         """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
-        ids of the candidate slots (default: the router-queue head); ``last_route_s``: per
-        instance, when the router last sent it a request (for ``time_since_route``)."""
+        ids of the candidate slots (default: the router-queue head)."""
         tb = cluster.table
         q = cluster.queue
         vals = [min(len(q), self.cfg.queue_cap)]
@@ -201,8 +200,9 @@ class ObservationBuilder:
                     vals.append(e.free_blocks)
                 if self.f_wait:   # O(1) aggregates: prompt (+ generated) + predicted decode left
                     vals.append((e.pending_prefill_tokens + e.wait_left) / bs)
-                if self.f_since:
-                    vals.append(t - last_route_s[i])
+                if self.f_since:   # since the last route there, or since the episode began
+                    last = cluster.last_route_s[i]
+                    vals.append(t - last if last > 0.0 else t)
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:

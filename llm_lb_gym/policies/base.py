@@ -7,7 +7,7 @@ free of side effects on the cluster lets the same object serve as a baseline in 
 policy of the env-free driver, and as a reference inside tests.
 
 What a router may read (see ``sim/cluster.py`` and ``sim/engine.py``): ``cluster.t``,
-``cluster.queue``, ``cluster.engines`` and their load aggregates, and from ``cluster.table``
+``cluster.queue``, ``cluster.last_route_s``, ``cluster.engines`` and their load aggregates, and from ``cluster.table``
 ``prompt``, ``pred``, ``decode_bucket``, ``prompt_bucket``, ``task_id``, ``arrival_s``. Never the
 true ``decode``: a router sees predictions only.
 

@@ -62,7 +62,8 @@ class LateBindingOptions:
     """``global``: rounds at k * period_s on the clock (MCU's). ``since_release``: a round opens
     once period_s has passed since the router last released a request and stays open for the
     rest of that decision time: the same batching, but a function of what the env observes
-    (``time_since_route``), so an agent can imitate it. ``per_instance``: each instance takes a
+    (``time_since_route``; it reads ``cluster.last_route_s``, so it can label states another
+    policy reached), so an agent can imitate it. ``per_instance``: each instance takes a
     batch at most every period_s (measured: much worse, the first instance to open takes the
     whole queue)."""
 
@@ -84,7 +85,6 @@ class LateBinding(RouterBase):
         super().reset(rng, num_instances)
         self._tick = -1
         self._closed = False
-        self._last_route = [-float("inf")] * num_instances
 
     def need_blocks(self, cluster, rid: int) -> int:
         tb, e = cluster.table, cluster.engines[0]
@@ -121,8 +121,9 @@ class LateBinding(RouterBase):
         p = self.options.period_s
         t = cluster.t
         per_instance = self.options.rounds == "per_instance"
+        last_route = cluster.last_route_s
         if p > 0 and self.options.rounds == "since_release":
-            last = max(self._last_route)
+            last = max(last_route)
             if not (t - last >= p * (1 - _TICK_SLACK) or last == t):
                 return None
         elif p > 0 and not per_instance:
@@ -140,8 +141,8 @@ class LateBinding(RouterBase):
         need = self.need_blocks(cluster, rid)
         best, best_room = None, None
         for i, (room, e) in enumerate(zip(self.rooms(cluster), cluster.engines)):
-            if per_instance and p > 0 and not (t - self._last_route[i] >= p * (1 - _TICK_SLACK)
-                                               or self._last_route[i] == t):
+            if per_instance and p > 0 and not (t - last_route[i] >= p * (1 - _TICK_SLACK)
+                                               or last_route[i] == t):
                 continue
             if room - need >= e.watermark and e.B + len(e.prefilling) + e.num_waiting < e.max_seqs:
                 if best_room is None or room > best_room:
@@ -149,7 +150,6 @@ class LateBinding(RouterBase):
         if best is None:
             self._closed = True
             return None
-        self._last_route[best] = t
         return pos, best
 
     def select(self, cluster, rid: int) -> int | None:

@@ -39,6 +39,9 @@ class Cluster:
         self._next = 0               # next request (in arrival order) not yet arrived
         self.n_rejected = 0
         self.n_routed = 0
+        # When the router last sent each instance a request (-inf: never): routers that release
+        # in rounds read it, so they need no memory of their own and can label any state.
+        self.last_route_s = [-math.inf] * cfg.num_instances
         # Rejection limits: identical instances, so a request either fits all or none.
         self._max_len = e.context_len
         self._max_blocks = e.total_blocks - e.watermark_blocks
@@ -107,6 +110,7 @@ class Cluster:
         if not self.queue:
             self.queue_penalty = 0.0
         self.engines[instance].add(rid, self.t)
+        self.last_route_s[instance] = self.t
         self.n_routed += 1
         return rid
 
