@@ -157,8 +157,8 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     for key in cfg.run_variants:
         if key not in cfg.variants:
             raise ConfigError(f"run_variants: {key!r}; allowed: {', '.join(cfg.variants)}")
-        if cfg.models_from:
-            run = Path(cfg.models_from) / setting / key
+        run = Path(cfg.models_from) / setting / key if cfg.models_from else None
+        if run is not None and key not in list(cfg.get("retrain") or []) and run.exists():
             rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}
             trained[key] = {**rec, "model": str(_model_path(run, cfg.agent)), "train_wall_s": rec.get("train_wall_s")}
         else:
@@ -203,7 +203,7 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
               f"workload {ev.get('workload', kw['workload'].get('name'))}, {kw['num_requests']} requests per episode; "
               f"offered {rate:.1f} req/s, measured capacity {mu:.2f} req/s, load factor {rate / mu:.2f}. "
               f"Agent {cfg.agent}, training episodes per variant {train_eps}, training wall (s) {train_walls}"
-              f"{' (models from ' + str(cfg.models_from) + ')' if cfg.models_from else ''}; "
+              f"{' (models from ' + str(cfg.models_from) + ' where present)' if cfg.models_from else ''}; "
               f"evaluation: {n_eps} episodes, seeds {cfg.eval_seed}..{int(cfg.eval_seed) + n_eps - 1}, "
               f"identical for every router. Paper numbers: {paper_key}. "
               f"Wall: training {t_train:.0f} s, evaluation {t_eval:.0f} s.")
