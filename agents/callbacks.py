@@ -136,6 +136,8 @@ class PeriodicEvalCallback(BaseCallback):
         eval_fn: ``model -> {name: number}``.
         every_steps: evaluation period in total environment steps (all envs together).
         at_end: also evaluate when training ends, unless that step was just evaluated.
+        at_start: also evaluate before the first step (a warm-started model is then a
+            candidate for the best checkpoint: RL fine-tuning can only be kept if it helps).
         prefix: TensorBoard tag prefix.
     """
 
@@ -145,6 +147,7 @@ class PeriodicEvalCallback(BaseCallback):
         every_steps: int,
         at_end: bool = True,
         prefix: str = "eval",
+        at_start: bool = False,
         verbose: int = 0,
     ) -> None:
         super().__init__(verbose)
@@ -152,6 +155,7 @@ class PeriodicEvalCallback(BaseCallback):
         self.eval_fn = eval_fn
         self.every_steps = int(every_steps)
         self.at_end = at_end
+        self.at_start = at_start
         self.prefix = prefix
         self.history: list[tuple[int, dict[str, float]]] = []
         self._next_step = self.every_steps
@@ -160,6 +164,8 @@ class PeriodicEvalCallback(BaseCallback):
     def _on_training_start(self) -> None:
         # Continue the period when learn() is called again on a trained model.
         self._next_step = (self.num_timesteps // self.every_steps + 1) * self.every_steps
+        if self.at_start and self.num_timesteps == 0:
+            self.evaluate()
 
     def _on_step(self) -> bool:
         if self.num_timesteps >= self._next_step:

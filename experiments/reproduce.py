@@ -89,7 +89,7 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
     base = np.array([r["mean_e2e_s"] for r in by[baseline]])
     base99 = np.array([r["p99_e2e_s"] for r in by[baseline]])
     lines = ["| router | mean E2E (s) | reduction vs RR (%, 95% CI) | p99 E2E (s) | p99 change vs RR (%) "
-             "| preemptions | router wait mean / p99 (s) | worst episode vs median (%) "
+             "| preemptions | router wait mean / p99 (s) | worst episode vs median (points) "
              "| completed | rejected | unfinished | s per episode "
              "| paper: reduction vs RR (%) | paper: router wait (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -104,8 +104,8 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
         wait = np.mean([r["mean_router_wait_s"] for r in by[p]])
         wait99 = np.mean([r.get("p99_router_wait_s", math.nan) for r in by[p]])
         pre = np.mean([r["preemptions"] for r in by[p]])
-        med = float(np.median(e2e))
-        worst = float(np.max(np.abs(e2e - med)) / med * 100) if med > 0 else math.nan
+        change = 100 * (e2e - base) / base
+        worst = float(np.max(np.abs(change - np.median(change))))
         wall = np.mean([r.get("wall_s", math.nan) for r in by[p]])
         pp, pw = paper.get(p), paper_wait.get(p)
         lines.append(f"| {labels.get(p, p)} | {e2e.mean():.2f} | {red} | {p99.mean():.1f} | {p99_change} | "

@@ -148,7 +148,15 @@ def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
         g = rewards[t] + (discounts[t] * g if t < len(rewards) - 1 else 0.0)
         returns[t] = g
     return {"steps": len(rewards), "return_mean": float(returns.mean()),
-            "return_std": float(returns.std())}
+            "return_std": float(returns.std()), "makespan_s": float(env.cluster.t)}
+
+
+def step_limit(kw: dict, rr: dict[str, float]) -> int:
+    """Steps after which a validation or test episode is cut: ten times round robin's steps,
+    plus two deferrals per decision interval of round robin's makespan (a router that holds
+    requests at the router, as late binding does in overload, takes a step every interval)."""
+    dt = float(kw.get("decision_interval_s", 0.02))
+    return int(VALIDATION_STEP_FACTOR * rr["steps"] + 2 * rr["makespan_s"] / dt)
 
 
 def auto_reward_scale(rr: dict[str, float]) -> float:
@@ -353,8 +361,9 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     if int(t.eval_every_episodes) > 0 and int(t.eval_episodes) > 0:
         seeds = [int(t.eval_seed) + i for i in range(int(t.eval_episodes))]
         best = out / _model_file(cfg.agent.name, "best_model") if t.keep_best else None
-        validator = Validator(kw, seeds, best, max_steps=VALIDATION_STEP_FACTOR * episode_steps)
-        callbacks.append(PeriodicEvalCallback(validator, every_steps=int(t.eval_every_episodes) * episode_steps))
+        validator = Validator(kw, seeds, best, max_steps=step_limit(kw, rr))
+        callbacks.append(PeriodicEvalCallback(validator, every_steps=int(t.eval_every_episodes) * episode_steps,
+                                              at_start=imitation is not None))
     _learn(agent, total, callbacks, tb_log_name=str(cfg.name))
     train_wall = time.perf_counter() - t0
     last_path = out / _model_file(cfg.agent.name, "model")
@@ -367,7 +376,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     if t.final_model == "best" and validator is not None and validator.best_step is not None:
         model_path = validator.best_path
     t1 = time.perf_counter()
-    ev = evaluate(final_eval_cfg(cfg, model_path, out / "eval", VALIDATION_STEP_FACTOR * episode_steps),
+    ev = evaluate(final_eval_cfg(cfg, model_path, out / "eval", step_limit(kw, rr)),
                   out=out / "eval")
     eval_wall = time.perf_counter() - t1
     unfinished = int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == cfg.name))
