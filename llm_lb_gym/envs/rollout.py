@@ -26,11 +26,20 @@ class EpisodeResult:
 
 def make_env_router(name: str, env: LLMClusterEnv, **options):
     """A router from the registry, given what it needs to know of this env (Min-Min needs the
-    observation's decode-bucket edges to read bucket upper bounds)."""
+    observation's decode-bucket edges to read bucket upper bounds; the lookahead router needs
+    the env's decision interval, workload, predictor and bucket schemes)."""
     from ..policies.registry import make_router
 
     if name == "min_min" and "decode_edges_tokens" not in options:
         options["decode_edges_tokens"] = env.obs_builder.decode_scheme.edges_tokens
+    if name == "lookahead":
+        # The rollouts need the env's models: its decision grid, the workload that imagines
+        # future arrivals, the predictor and bucket schemes that fill the imagined rows.
+        options.setdefault("decision_interval_s", env.cfg.decision_interval_s)
+        router = make_router(name, **options)
+        ob = env.obs_builder
+        return router.attach(env.workload, env.predictor, ob.prompt_scheme, ob.decode_scheme,
+                             base_router=make_env_router(router.options.base, env))
     return make_router(name, **options)
 
 

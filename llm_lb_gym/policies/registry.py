@@ -13,6 +13,7 @@ from .._validate import lookup, reject_unknown
 from .base import RouterBase
 from .count_based import LeastRequests, PowerOfTwo, Random, RoundRobin
 from .kv_queue import KVQueueScorer
+from .lookahead import Lookahead
 from .max_capacity import MaxCapacity
 from .min_min import MinMin
 from .mixing_greedy import MixingGreedy
@@ -20,7 +21,7 @@ from .token_load import DecodeBalancer, DedicatedSmallLarge, JoinShortestQueue
 
 _CLASSES: tuple[type[RouterBase], ...] = (
     RoundRobin, Random, JoinShortestQueue, MaxCapacity, MinMin, DecodeBalancer,
-    DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer,
+    DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer, Lookahead,
 )
 ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
 ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)
