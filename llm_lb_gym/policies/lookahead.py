@@ -149,9 +149,10 @@ def _route_while_base_agrees(cluster, base) -> None:
             cluster.route(choice[1], choice[0])
 
 
-def rollout(cluster, base, k: int, dt: float, t_end: float) -> None:
+def rollout(cluster, base, k: int, dt: float, t_end: float) -> int:
     """Run ``cluster`` to ``t_end`` with ``base`` deciding at grid points ``k, k+1, ...``
-    (``k * dt`` at or before ``cluster.t`` means: decide now), as ``drive.run_router`` does."""
+    (``k * dt`` at or before ``cluster.t`` means: decide now), as ``drive.run_router`` does.
+    Returns the first grid point left undecided."""
     queue = cluster.queue
     while True:
         t = k * dt
@@ -165,6 +166,7 @@ def rollout(cluster, base, k: int, dt: float, t_end: float) -> None:
             continue
         nxt = cluster.next_arrival_s
         if nxt >= t_end:
+            k += 1
             break
         k1 = max(k + 1, math.ceil(nxt / dt))
         while k1 * dt < nxt:            # the env's rounding of "first grid point at or after"
@@ -174,6 +176,7 @@ def rollout(cluster, base, k: int, dt: float, t_end: float) -> None:
         k = k1
     if cluster.t < t_end:
         cluster.advance_to(t_end)
+    return k
 
 
 def drain(cluster, base, k: int, dt: float) -> None:
@@ -328,10 +331,10 @@ class Lookahead(RouterBase):
                 c.route(cand[1], cand[0])
                 k = k0
             base.reset(np.random.default_rng(base_seed), self.num_instances)
-            rollout(c, base, k, dt, t_end)
+            k = rollout(c, base, k, dt, t_end)
             hi = c._next
             if to_completion:
-                drain(c, base, math.floor(t_end / dt + _GRID_SLACK) + 1, dt)
+                drain(c, base, k, dt)
                 scored.append((cand, in_system_integral(c.table, self._lo, hi, t, math.inf)))
             else:
                 scored.append((cand, in_system_integral(c.table, self._lo, hi, t, t_end)))
