@@ -79,6 +79,7 @@ def main(argv=None) -> None:
     ap.add_argument("--bases", nargs="+", default=["least_requests"])
     ap.add_argument("--candidates", nargs="+", type=int, default=[1])
     ap.add_argument("--scores", nargs="+", default=["drain"], choices=["window", "drain"])
+    ap.add_argument("--samples", nargs="+", type=int, default=[1])
     ap.add_argument("--see-future", action="store_true", help="also run the clairvoyant variant")
     ap.add_argument("--heuristics", nargs="*", default=["least_requests"],
                     help="plain routers to print next to round robin (the bases, for reference)")
@@ -89,9 +90,11 @@ def main(argv=None) -> None:
 
     print(f"engine {engine_class().__module__}; load average {os.getloadavg()}; "
           f"{args.requests} requests per episode, seeds 1000..{999 + args.seeds}", flush=True)
-    settings = [{"horizon_s": h, "base": b, "score": sc, "candidates": k, "see_future": sf}
+    settings = [{"horizon_s": h, "base": b, "score": sc, "candidates": k, "samples": 1 if sf else n,
+                 "see_future": sf}
                 for b in args.bases for sc in args.scores for h in args.horizons for k in args.candidates
-                for sf in ([False, True] if args.see_future else [False])]
+                for n in args.samples for sf in ([False, True] if args.see_future else [False])]
+    settings = list({tuple(s.items()): s for s in settings}.values())   # see_future dedups samples
     seeds = list(range(1000, 1000 + args.seeds))
     for regime in args.regimes:
         run(regime, args.requests, seeds, settings, args.heuristics)

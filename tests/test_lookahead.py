@@ -79,6 +79,8 @@ def test_registered_with_options_named_in_errors():
                        ({"candidates": 0}, r"router.lookahead.candidates=0 .*\[1, inf\)"),
                        ({"see_future": "yes"}, r"router.lookahead.see_future='yes' must be a bool"),
                        ({"score": "total"}, r"router.lookahead.score='total' .*allowed: window, drain"),
+                       ({"samples": 0}, r"router.lookahead.samples=0 .*\[1, inf\)"),
+                       ({"samples": 2, "see_future": True}, r"router.lookahead.samples=2 needs see_future=False"),
                        ({"decision_interval_s": -1.0}, r"router.lookahead.decision_interval_s=-1.0")]:
         with pytest.raises(ConfigError, match=match):
             make_router("lookahead", **bad)

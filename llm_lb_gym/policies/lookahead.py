@@ -81,6 +81,9 @@ class LookaheadOptions:
     stop arrivals and run to completion, and count the whole remaining time in the system of
     every request that arrived by ``t + horizon_s`` (a terminal cost: a request parked behind
     a long queue costs what it will wait, even beyond the horizon)."""
+    samples: int = 1
+    """Imagined futures per decision (scores are averaged; cost scales with it). Only with
+    ``see_future=False``: the real future is one."""
     decision_interval_s: float = 0.02
     """The decision grid of the rollouts; must match the driver's (``make_env_router`` sets it
     from the env)."""
@@ -90,6 +93,10 @@ class LookaheadOptions:
         check_range("router.lookahead.decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
         check_int("router.lookahead.candidates", self.candidates, 1)
         check_choice("router.lookahead.score", self.score, SCORES)
+        check_int("router.lookahead.samples", self.samples, 1)
+        if self.see_future and self.samples != 1:
+            raise ConfigError(f"router.lookahead.samples={self.samples} needs see_future=False "
+                              "(there is one real future); allowed with see_future=True: 1")
         if not isinstance(self.see_future, (bool, np.bool_)):
             raise ConfigError(f"router.lookahead.see_future={self.see_future!r} must be a bool; "
                               "allowed: True, False")
@@ -309,9 +316,6 @@ class Lookahead(RouterBase):
         t_end = t + o.horizon_s
         k0 = math.floor(t / dt + _GRID_SLACK)
         base_seed = int(self.rng.integers(2**63))
-        root = copy_cluster(cluster)
-        if not o.see_future:
-            self._imagine(root, t_end)
         cands: list[tuple[int, int] | None] = [
             (pos, i) for pos in self.queue_positions(cluster, heads_only) for i in range(self.num_instances)]
         cands.append(None)
@@ -322,25 +326,28 @@ class Lookahead(RouterBase):
             cands.remove(own)
             cands.insert(0, own)
         to_completion = o.score == "drain"
-        scored = []
-        for j, cand in enumerate(cands):
-            c = root if j == len(cands) - 1 else copy_cluster(root)
-            if cand is None:
-                k = k0 + 1
-            else:
-                c.route(cand[1], cand[0])
-                k = k0
-            base.reset(np.random.default_rng(base_seed), self.num_instances)
-            k = rollout(c, base, k, dt, t_end)
-            hi = c._next
-            if to_completion:
-                drain(c, base, k, dt)
-                scored.append((cand, in_system_integral(c.table, self._lo, hi, t, math.inf)))
-            else:
-                scored.append((cand, in_system_integral(c.table, self._lo, hi, t, t_end)))
+        totals = [0.0] * len(cands)
+        for _ in range(o.samples):
+            root = copy_cluster(cluster)
+            if not o.see_future:
+                self._imagine(root, t_end)    # one imagined future, common to every candidate
+            for j, cand in enumerate(cands):
+                c = root if j == len(cands) - 1 else copy_cluster(root)
+                if cand is None:
+                    k = k0 + 1
+                else:
+                    c.route(cand[1], cand[0])
+                    k = k0
+                base.reset(np.random.default_rng(base_seed), self.num_instances)
+                k = rollout(c, base, k, dt, t_end)
+                hi = c._next
+                if to_completion:
+                    drain(c, base, k, dt)
+                totals[j] += in_system_integral(c.table, self._lo, hi, t, math.inf if to_completion else t_end)
+        scored = [(cand, total / o.samples) for cand, total in zip(cands, totals)]
         st = self.stats
         st["decisions"] += 1
-        st["rollouts"] += len(cands)
+        st["rollouts"] += len(cands) * o.samples
         wall = time.perf_counter() - start
         st["wall_s"] += wall
         self.decision_wall_s.append(wall)
