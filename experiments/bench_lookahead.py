@@ -75,7 +75,7 @@ def _print_row(row: dict, rr: list[float]) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    ap.add_argument("--horizons", nargs="+", type=float, default=[10.0])
+    ap.add_argument("--horizons", nargs="+", type=float, default=[5.0])
     ap.add_argument("--bases", nargs="+", default=["least_requests"])
     ap.add_argument("--candidates", nargs="+", type=int, default=[1])
     ap.add_argument("--scores", nargs="+", default=["drain"], choices=["window", "drain"])
