@@ -58,7 +58,9 @@ def _episode(seed, router_name, scheduler, chunked, blocks, instances, fast=True
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), router=st.sampled_from(sorted(ROUTERS)),
+# The lookahead router advances copies of the cluster (the clock spy would see their clocks);
+# tests/test_lookahead.py runs it to completion with the invariant checks on.
+@given(seed=st.integers(0, 10_000), router=st.sampled_from(sorted(set(ROUTERS) - {"lookahead"})),
        scheduler=st.sampled_from(["fcfs", "least_work_left", "bin_packing"]), chunked=st.booleans(),
        blocks=st.integers(20, 120), instances=st.integers(1, 4))
 def test_cluster_invariants(seed, router, scheduler, chunked, blocks, instances):

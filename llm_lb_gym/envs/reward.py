@@ -19,20 +19,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from ..policies.mixing import mixing_score
-from ..sim.latency import LatencyModel
+from ..sim.latency import ideal_latency_s  # noqa: F401  (the env's T_j; lives with the latency model)
 from .config import RewardConfig
-
-
-def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decode_tokens: np.ndarray) -> np.ndarray:
-    """Vectorised ``LatencyModel.isolated_request_s`` with real-valued predicted decode tokens."""
-    p = np.asarray(prompt_tokens, np.float64)
-    k = np.maximum(np.asarray(pred_decode_tokens, np.float64) - 1.0, 0.0)
-    prefill = latency.base_s + latency.prefill_token_s * p + latency.prefill_attn_s * p * p
-    decode = k * (latency.base_s + latency.decode_seq_s) + latency.decode_ctx_s * (k * (p + 1) + k * (k - 1) / 2)
-    return prefill + decode
 
 
 def guidance_weight(cfg: RewardConfig, episode: int) -> float:

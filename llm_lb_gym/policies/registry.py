@@ -14,6 +14,7 @@ from .base import RouterBase
 from .count_based import LeastRequests, PowerOfTwo, Random, RoundRobin
 from .kv_queue import KVQueueScorer
 from .late_binding import LateBinding
+from .lookahead import Lookahead
 from .max_capacity import MaxCapacity
 from .min_min import MinMin
 from .mixing_greedy import MixingGreedy
@@ -22,6 +23,7 @@ from .token_load import DecodeBalancer, DedicatedSmallLarge, JoinShortestQueue
 _CLASSES: tuple[type[RouterBase], ...] = (
     RoundRobin, Random, JoinShortestQueue, MaxCapacity, MinMin, DecodeBalancer,
     DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer, LateBinding,
+    Lookahead,
 )
 ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
 ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .._validate import check_range, lookup
 
 
@@ -183,3 +185,13 @@ register_preset(HardwarePreset(
     source=(f"{_VIDUR}: h100 Llama-2-7b-hf mlp.csv; attention from A100 medians (prefill x 312/989.4 "
             f"TFLOPS, decode x 2039/3352 GB/s); A100-host CPU overheads; {_FIT}"),
 ))
+
+
+def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decode_tokens: np.ndarray) -> np.ndarray:
+    """Vectorised ``LatencyModel.isolated_request_s`` with real-valued predicted decode tokens: the
+    ideal latency T_j of the env's reward and the order of the "shortest" candidates."""
+    p = np.asarray(prompt_tokens, np.float64)
+    k = np.maximum(np.asarray(pred_decode_tokens, np.float64) - 1.0, 0.0)
+    prefill = latency.base_s + latency.prefill_token_s * p + latency.prefill_attn_s * p * p
+    decode = k * (latency.base_s + latency.decode_seq_s) + latency.decode_ctx_s * (k * (p + 1) + k * (k - 1) / 2)
+    return prefill + decode
