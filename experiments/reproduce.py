@@ -174,6 +174,7 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
                             else exp_eval.get("episodes", ecfg.episodes))
         ecfg.policies = list(cfg.policies if cfg.policies is not None
                              else exp_eval.get("policies", ecfg.policies))
+        ecfg.policies += [p for p in (cfg.get("extra_policies") or []) if p not in ecfg.policies]
         ecfg.policy_options = to_container(exp_eval.get("policy_options")) or {}
         ecfg.plot = bool(exp_eval.get("plot", True))
         ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"], "env": v.get("env") or {}}

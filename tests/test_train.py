@@ -119,7 +119,7 @@ def test_reproduce_writes_the_paper_table(tmp_path):
                                  "eval_episodes=2", "policies=[round_robin,jsq]"])
     res = reproduce(cfg, out=tmp_path)
     text = (tmp_path / "reproduction.md").read_text()
-    for row in ("| round_robin |", "| Baseline RL |", "| WG-RL |", "| jsq |"):
+    for row in ("| round_robin |", "| Baseline RL |", "| WG-RL |", "| jsq |", "| lookahead |"):
         assert row in text, row
     assert "+11.43" in text and "+0.46" in text     # the paper's WG-RL and JSQ beside ours
     assert res["results"][0]["load_factor"] > 0
