@@ -43,16 +43,42 @@ def run_dir(cfg=None) -> Path:
         return out
 
 
+def _sweep_job() -> dict | None:
+    """This job's place in a ``--multirun`` sweep (None in a single run or outside Hydra).
+
+    A sweep job may run in another process or on another machine (joblib, submitit and Ray
+    workers), whose ``sys.argv`` is the worker's; its own overrides are what reproduce it."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+    except Exception:
+        return None
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    argv = [f"experiments/{hc.job.name}.py", *hc.overrides.task]
+    return {"argv": argv, "dir": str(hc.sweep.dir), "num": int(hc.job.num)}
+
+
 def write_run_record(out: Path, cfg, **extra) -> None:
-    """Resolved config, command line and seed, as rl-baselines3-zoo keeps them."""
+    """Resolved config, command line and seed, as rl-baselines3-zoo keeps them. A sweep job's
+    command is the single run that repeats it (its own overrides), with the sweep's folder and
+    job number beside it."""
+    import shlex
+
     from omegaconf import OmegaConf
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    script = Path(sys.argv[0]) if sys.argv else Path("?")
+    job = _sweep_job()
+    argv = job["argv"] if job else sys.argv
+    script = Path(argv[0]) if argv else Path("?")
     if script.suffix == ".py" and script.parent.name == "experiments":   # run as python -m
-        command = " ".join(["python", "-m", f"experiments.{script.stem}"] + sys.argv[1:])
+        command = shlex.join(["python", "-m", f"experiments.{script.stem}"] + argv[1:])
     else:
-        command = " ".join(["python"] + sys.argv)
-    record = {"command": command, "argv": sys.argv, "seed": cfg.get("seed"), **extra}
+        command = shlex.join(["python"] + argv)
+    record = {"command": command, "argv": argv, "seed": cfg.get("seed"), **extra}
+    if job:
+        record["sweep"] = {"dir": job["dir"], "job": job["num"]}
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
