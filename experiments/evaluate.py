@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import numpy as np
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._progress import progress_bar
 
 TABLE_COLUMNS = (
     ("mean_e2e_s", "mean E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"), ("mean_ttft_s", "mean TTFT (s)"),
@@ -86,11 +88,12 @@ def plot_cdf(e2e: dict[str, np.ndarray], path: Path) -> None:
     plt.close(fig)
 
 
-def evaluate(cfg, out: Path | None = None) -> dict:
+def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     """Run every policy on the same seeded episodes; returns rows, table and output dir.
 
     ``out``: where to write (default: the Hydra run directory); ``experiments.train`` passes a
-    subfolder so the evaluation's record does not overwrite the training run's."""
+    subfolder so the evaluation's record does not overwrite the training run's, and
+    ``leave_bars=False`` so the bar of an inner evaluation is cleared when it ends."""
     import gymnasium as gym
     import torch
 
@@ -108,7 +111,10 @@ def evaluate(cfg, out: Path | None = None) -> dict:
     deciders = [(name, "router", None) for name in cfg.policies]
     for name, spec in (to_container(cfg.get("agents")) or {}).items():
         deciders.append((name, "agent", spec))
+    bar = progress_bar(len(deciders) * len(seeds), "evaluate", cfg.get("progress", True), unit="episode",
+                       leave=leave_bars)
     for name, kind, spec in deciders:
+        bar.set_postfix_str(name, refresh=False)
         if kind == "router":
             router = make_env_router(name, env.unwrapped, **(to_container(cfg.get("policy_options", {})).get(name, {}) if cfg.get("policy_options") else {}))
             run = lambda s: rollout_router(env, router, s)  # noqa: E731
@@ -122,9 +128,12 @@ def evaluate(cfg, out: Path | None = None) -> dict:
             rows.append({"policy": name, "seed": s, **res.metrics, "episode_return": res.episode_return,
                          "steps": res.steps, "wall_s": time.perf_counter() - t_ep})
             lat.append(res.latencies["e2e_s"])
+            bar.update()
         e2e[name] = np.concatenate(lat)
-        print(f"  {name}: mean E2E {np.mean([r['mean_e2e_s'] for r in rows if r['policy'] == name]):.3f} s",
-              flush=True)
+        bar.write(f"  {name}: mean E2E {np.mean([r['mean_e2e_s'] for r in rows if r['policy'] == name]):.3f} s",
+                  file=sys.stdout)
+        sys.stdout.flush()
+    bar.close()
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)

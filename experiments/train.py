@@ -322,12 +322,14 @@ def final_eval_cfg(cfg, model_path: Path, out: Path, max_episode_steps: int | No
         "policies": ev["policies"], "policy_options": ev.get("policy_options") or {},
         "agents": {cfg.name: {"kind": cfg.agent.name, "path": str(model_path)}},
         "episodes": ev["episodes"], "seed": ev["seed"], "baseline": ev["baseline"],
-        "plot": ev.get("plot", True), "output_dir": str(out),
+        "plot": ev.get("plot", True), "output_dir": str(out), "progress": cfg.get("progress", True),
     })
 
 
-def train(cfg, out: Path | None = None) -> dict[str, Any]:
+def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, Any]:
     """Train ``cfg.agent`` on the env of ``cfg``, save it, evaluate it; return the outcome.
+
+    ``leave_bars=False`` clears the progress bar when training ends (``reproduce`` runs many).
 
     Returns a dict with ``out`` (run directory), ``model_path`` (the evaluated model),
     ``eval`` (what :func:`experiments.evaluate.evaluate` returned), ``history`` (per-episode
@@ -336,6 +338,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     import torch
 
     from agents import EpisodeMetricsCallback, PeriodicEvalCallback
+    from experiments._progress import TrainingProgressCallback
     from experiments.evaluate import evaluate
 
     torch.set_num_threads(1)
@@ -364,6 +367,9 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
         validator = Validator(kw, seeds, best, max_steps=step_limit(kw, rr))
         callbacks.append(PeriodicEvalCallback(validator, every_steps=int(t.eval_every_episodes) * episode_steps,
                                               at_start=imitation is not None))
+    callbacks.append(TrainingProgressCallback(total, metrics_cb, callbacks[1] if validator else None,
+                                              option=cfg.get("progress", True), desc=f"train {cfg.name}",
+                                              leave=leave_bars))
     _learn(agent, total, callbacks, tb_log_name=str(cfg.name))
     train_wall = time.perf_counter() - t0
     last_path = out / _model_file(cfg.agent.name, "model")
@@ -377,7 +383,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
         model_path = validator.best_path
     t1 = time.perf_counter()
     ev = evaluate(final_eval_cfg(cfg, model_path, out / "eval", step_limit(kw, rr)),
-                  out=out / "eval")
+                  out=out / "eval", leave_bars=False)
     eval_wall = time.perf_counter() - t1
     unfinished = int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == cfg.name))
     if unfinished:
