@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._progress import progress_bar
 
 CAPACITY_QUANTILES = (0.1, 0.9)
 
@@ -113,11 +114,14 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     mu = capacity_rps(kw, int(cfg.seed))
     print(f"service capacity (round robin, saturated): {mu:.2f} req/s", flush=True)
     results = []
-    for factor in cfg.load_factors:
-        rate = float(factor) * mu
-        ev_cfg = OmegaConf.create({**to_container(cfg), "env": {**to_container(cfg.env), "arrival_rate_rps": rate}})
-        ev = evaluate(ev_cfg, out=out / f"load_{float(factor):g}")
-        results.append((float(factor), rate, ev))
+    with progress_bar(len(cfg.load_factors), "load sweep", cfg.get("progress", True), unit="load") as bar:
+        for factor in cfg.load_factors:
+            bar.set_postfix_str(f"load factor {float(factor):g}")
+            rate = float(factor) * mu
+            ev_cfg = OmegaConf.create({**to_container(cfg), "env": {**to_container(cfg.env), "arrival_rate_rps": rate}})
+            ev = evaluate(ev_cfg, out=out / f"load_{float(factor):g}", leave_bars=False)
+            results.append((float(factor), rate, ev))
+            bar.update()
     table = _sweep_table(results, cfg.baseline)
     wall = time.perf_counter() - t0
     workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")), False)
@@ -129,6 +133,10 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     if alerts:
         header += "\n\n" + "\n\n".join(alerts)
     (out / "load_sweep.md").write_text(header + "\n\n" + table + "\n")
+    if cfg.get("figures", True):
+        from experiments.figures import load_sweep_figure
+
+        print(f"figure: {load_sweep_figure(out, out)}")   # from the files just written, as the CLI does
     print(header)
     print(table)
     return {"capacity_rps": mu, "table": table, "results": results, "out": out}

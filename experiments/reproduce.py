@@ -32,6 +32,7 @@ import numpy as np
 from omegaconf import open_dict
 
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._progress import progress_bar
 
 
 STEPS_PER_REQUEST_LIMIT = 20
@@ -133,21 +134,23 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
     var = cfg.variants[key]
     overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={cfg.agent}",
                  f"seed={cfg.seed}", f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2",
-                 "eval.plot=false", *cfg.train_overrides, *list(var.get("overrides") or [])]
+                 "eval.plot=false", f"progress={str(bool(cfg.get('progress', True))).lower()}",
+                 *cfg.train_overrides, *list(var.get("overrides") or [])]
     if var.get("reward"):
         overrides.insert(1, f"reward={var.reward}")
     if cfg.train_episodes is not None:
         overrides.append(f"train.episodes={int(cfg.train_episodes)}")
     tcfg = compose("train", overrides)
-    res = train(tcfg, out=out)
+    res = train(tcfg, out=out, leave_bars=False)
     env = to_container(tcfg.env)
     return {"model": str(res["model_path"]), "train_wall_s": res["train_wall_s"],
             "train_episodes": len(res["history"]), "overrides": overrides,
             "env": {k: env[k] for k in ("action", "obs") if k in env}}
 
 
-def reproduce_setting(cfg, setting: str, out: Path) -> dict:
-    """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate."""
+def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
+    """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate;
+    ``bar`` (a progress bar over the run's stages) advances once per variant and evaluation."""
     from experiments.evaluate import evaluate
     from experiments.load_sweep import capacity_rps
     from llm_lb_gym._validate import ConfigError
@@ -162,8 +165,12 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
             rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}
             trained[key] = {**rec, "model": str(_model_path(run, cfg.agent)), "train_wall_s": rec.get("train_wall_s")}
         else:
+            if bar is not None:
+                bar.set_postfix_str(f"{setting}: train {key}")
             trained[key] = _train_variant(cfg, setting, key, out / key)
             (out / key / "variant.json").write_text(json.dumps(trained[key], indent=2, default=str))
+        if bar is not None:
+            bar.update()
     t_train = time.perf_counter() - t0
 
     ecfg = compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"])
@@ -181,10 +188,15 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
                        for k, v in trained.items()}
         # An agent that defers forever is cut off (requests left unfinished are reported).
         ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
+        ecfg.progress = bool(cfg.get("progress", True))
     kw = env_kwargs(ecfg)
     t1 = time.perf_counter()
-    ev = evaluate(ecfg, out=out / "eval")
+    if bar is not None:
+        bar.set_postfix_str(f"{setting}: evaluate")
+    ev = evaluate(ecfg, out=out / "eval", leave_bars=False)
     t_eval = time.perf_counter() - t1
+    if bar is not None:
+        bar.update()
     mu = capacity_rps(kw, int(cfg.eval_seed))
     rate = offered_rate_rps(kw, int(cfg.eval_seed))
     paper_key = cfg.paper_as.get(setting, setting) if cfg.get("paper_as") else setting
@@ -243,6 +255,7 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
         ecfg.agents = {f"{spec.variant}_m{spec.num_instances}": {
             "kind": cfg.agent, "path": tr["model"], "env": tr.get("env") or {}, "any_instances": True}}
         ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
+        ecfg.progress = bool(cfg.get("progress", True))
     t0 = time.perf_counter()
     ev = evaluate(ecfg, out=out / f"transfer_{spec.setting}_{spec.variant}_m{spec.num_instances}")
     labels = {f"{spec.variant}_m{spec.num_instances}":
@@ -262,13 +275,20 @@ def reproduce(cfg, out: Path | None = None) -> dict:
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     t0 = time.perf_counter()
-    results = [reproduce_setting(cfg, s, out / s) for s in cfg.settings]
+    stages = len(cfg.settings) * (len(cfg.run_variants) + 1)
+    with progress_bar(stages, "reproduce", cfg.get("progress", True), unit="stage") as bar:
+        results = [reproduce_setting(cfg, s, out / s, bar) for s in cfg.settings]
     results += [transfer_setting(cfg, spec, results, out) for spec in (cfg.get("transfer") or [])]
     wall = time.perf_counter() - t0
     text = "\n".join(r["table"] for r in results) + f"\nTotal wall time {wall:.0f} s.\n"
     (out / "reproduction.md").write_text(text)
     (out / "reproduction.json").write_text(json.dumps(
         [{k: v for k, v in r.items() if k not in ("eval", "table")} for r in results], indent=2, default=str))
+    if cfg.get("figures", True):
+        from experiments.figures import reproduce_figures
+
+        for path in reproduce_figures(out, out):
+            print(f"figure: {path}")
     print(f"reproduction: {out / 'reproduction.md'} (wall {wall:.0f} s)")
     return {"results": results, "out": out, "wall_s": wall}
 
