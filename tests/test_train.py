@@ -123,6 +123,8 @@ def test_reproduce_writes_the_paper_table(tmp_path):
         assert row in text, row
     assert "+11.43" in text and "+0.46" in text     # the paper's WG-RL and JSQ beside ours
     assert res["results"][0]["load_factor"] > 0
+    for figure in ("paper_v100_reduction.png", "paper_v100_learning_curves.png"):
+        assert (tmp_path / figure).stat().st_size > 0, figure
 
 
 def test_load_sweep_table(tmp_path):
@@ -134,6 +136,7 @@ def test_load_sweep_table(tmp_path):
     assert res["capacity_rps"] > 0
     lines = (tmp_path / "load_sweep.md").read_text().splitlines()
     assert sum(line.startswith("| 0.5 |") or line.startswith("| 2 |") for line in lines) == 2
+    assert (tmp_path / "load_sweep_gain.png").stat().st_size > 0
 
 
 def test_joblib_sweep_of_two_jobs(tmp_path):
