@@ -131,7 +131,8 @@ def plot_reduction_bars(rows: list[dict], path: Path, title: str, labels: dict[s
 def plot_learning_curves(summaries: dict[str, dict], path: Path, title: str,
                          labels: dict[str, str] | None = None) -> Path | None:
     """Validation mean E2E vs training episodes per variant (``train_summary.json``'s
-    ``validation`` list; episodes = step / episode_steps). A check that left requests
+    ``validation`` list; episodes = step / episode_steps, the unit of ``train.episodes``: a
+    router that defers takes more steps per episode than round robin). A check that left requests
     unfinished (its mean covers the finished ones only) is drawn hollow. None if no variant
     has a validation history."""
     plt = _pyplot()
@@ -154,7 +155,7 @@ def plot_learning_curves(summaries: dict[str, dict], path: Path, title: str,
         ax.axhline(float(np.mean(rr)), color="gray", ls="--", lw=1, label="round robin")
     if any(v["mean_e2e_s"] > 0 for s in curves.values() for v in s["validation"]):
         ax.set_yscale("log")
-    ax.set_xlabel("training episodes")
+    ax.set_xlabel("training episodes (training steps / round robin's steps per episode)")
     ax.set_ylabel("validation mean E2E (s)")
     ax.set_title(title + "\n(hollow: some requests unfinished at the step limit)", fontsize=9)
     ax.grid(alpha=0.3)
