@@ -32,6 +32,15 @@ def progress_bar(total: int | None, desc: str, option: Any = True, unit: str = "
                 disable=not bars_enabled(option, stream))
 
 
+def say(text: str) -> None:
+    """Print a line to stdout above any bar on screen (a plain print would leave a torn bar),
+    flushed so that logs keep pace."""
+    from tqdm import tqdm
+
+    tqdm.write(str(text), file=sys.stdout)
+    sys.stdout.flush()
+
+
 class TrainingProgressCallback(BaseCallback):
     """One bar over a training run's environment steps: the bar's own rate is steps/s, and
     its postfix the training episodes finished and the last validation mean E2E.

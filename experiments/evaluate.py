@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import csv
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import numpy as np
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
-from experiments._progress import progress_bar
+from experiments._progress import progress_bar, say
 
 TABLE_COLUMNS = (
     ("mean_e2e_s", "mean E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"), ("mean_ttft_s", "mean TTFT (s)"),
@@ -130,9 +129,7 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
             lat.append(res.latencies["e2e_s"])
             bar.update()
         e2e[name] = np.concatenate(lat)
-        bar.write(f"  {name}: mean E2E {np.mean([r['mean_e2e_s'] for r in rows if r['policy'] == name]):.3f} s",
-                  file=sys.stdout)
-        sys.stdout.flush()
+        say(f"  {name}: mean E2E {np.mean([r['mean_e2e_s'] for r in rows if r['policy'] == name]):.3f} s")
     bar.close()
     keys = list(dict.fromkeys(k for r in rows for k in r))
     with open(out / "results.csv", "w", newline="") as f:
@@ -151,9 +148,9 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     (out / "summary.md").write_text(header + "\n\n" + table + "\n")
     if cfg.get("plot", True):
         plot_cdf(e2e, out / "latency_cdf.png")
-    print(header)
-    print(table)
-    print(f"results: {out}")
+    say(header)
+    say(table)
+    say(f"results: {out}")
     return {"rows": rows, "table": table, "out": out, "warning": warning, "workload": workload}
 
 

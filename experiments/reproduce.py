@@ -32,7 +32,7 @@ import numpy as np
 from omegaconf import open_dict
 
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
-from experiments._progress import progress_bar
+from experiments._progress import progress_bar, say
 
 
 STEPS_PER_REQUEST_LIMIT = 20
@@ -222,7 +222,7 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
               f"Wall: training {t_train:.0f} s, evaluation {t_eval:.0f} s.")
     text = header + "\n\n" + table + "\n"
     (out / "table.md").write_text(text)
-    print(text, flush=True)
+    say(text)
     return {"setting": setting, "table": text, "capacity_rps": mu, "offered_rps": rate,
             "load_factor": rate / mu, "trained": trained, "train_wall_s": t_train, "eval_wall_s": t_eval,
             "eval": ev}
@@ -263,7 +263,7 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
     text = (f"### {spec.setting} on {spec.num_instances} instances ({ecfg.env.arrival_rate_rps:g} req/s, "
             f"{ecfg.env.num_requests} requests): {spec.variant} trained on {int(ecfg.env.num_instances / factor)} "
             f"instances\n\n{paper_table(ev['rows'], labels, {}, {})}\n\nWall {time.perf_counter() - t0:.0f} s.\n")
-    print(text, flush=True)
+    say(text)
     return {"setting": f"{spec.setting}_m{spec.num_instances}", "table": text}
 
 

@@ -60,6 +60,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._progress import say
 
 FINAL_MODELS = ("best", "last")
 VALIDATION_STEP_FACTOR = 10
@@ -293,9 +294,9 @@ def warm_start(agent, cfg, kw: dict, scale: float, episode_steps: int) -> dict |
     out = {"teacher": im["teacher"], "episodes": demos.episodes, "transitions": demos.steps,
            "skipped": demos.skipped, "teacher_mean_e2e_s": demos.mean_e2e_s,
            "wall_s": round(time.perf_counter() - t0, 1), **pre}
-    print(f"imitation: {demos.steps} transitions of {im['teacher']} ({demos.skipped} not expressible), "
+    say(f"imitation: {demos.steps} transitions of {im['teacher']} ({demos.skipped} not expressible), "
           f"teacher mean E2E {demos.mean_e2e_s:.2f} s; pretrained {im['pretrain_steps']} steps, "
-          f"agreement {pre.get('teacher_agreement', float('nan')):.3f}; {out['wall_s']} s", flush=True)
+          f"agreement {pre.get('teacher_agreement', float('nan')):.3f}; {out['wall_s']} s")
     return out
 
 
@@ -387,8 +388,8 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     eval_wall = time.perf_counter() - t1
     unfinished = int(sum(r.get("unfinished", 0) for r in ev["rows"] if r["policy"] == cfg.name))
     if unfinished:
-        print(f"WARNING: {cfg.name} left {unfinished} requests unfinished in the evaluation (it defers "
-              f"until the step limit); its mean E2E covers the finished requests only", flush=True)
+        say(f"WARNING: {cfg.name} left {unfinished} requests unfinished in the evaluation (it defers "
+              f"until the step limit); its mean E2E covers the finished requests only")
     from experiments.evaluate import paired_change
 
     by_seed = {p: {r["seed"]: r["mean_e2e_s"] for r in ev["rows"] if r["policy"] == p}
@@ -409,8 +410,8 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
         "validation": validation,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"trained {cfg.name}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
-          f"evaluated {model_path.name} in {eval_wall:.0f} s; run dir {out}", flush=True)
+    say(f"trained {cfg.name}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
+          f"evaluated {model_path.name} in {eval_wall:.0f} s; run dir {out}")
     return {"out": out, "model_path": model_path, "eval": ev, "history": history,
             "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall,
             "change_vs_baseline_pct": change_pct}
