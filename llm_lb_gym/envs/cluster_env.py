@@ -234,11 +234,12 @@ class LLMClusterEnv(gym.Env):
     def render(self):
         """The cluster now, as ``render_mode`` says: a string (``ansi``), an RGB array of shape
         (H, W, 3) (``rgb_array``), or None without a render mode."""
-        if self.render_mode is None:
+        if self.render_mode is None:   # Gymnasium's own envs warn the same way
+            env_id = self.spec.id if self.spec is not None else "LLMCluster-v0"
             gym.logger.warn(
-                "You are calling render method without specifying any render mode. You can specify "
-                f"the render_mode at initialization, e.g. gym.make(\"{self.spec.id if self.spec else 'LLMCluster-v0'}\", "
-                "render_mode=\"ansi\")")
+                "You are calling render method without specifying any render mode. You can "
+                f'specify the render_mode at initialization, e.g. gym.make("{env_id}", '
+                'render_mode="ansi")')
             return None
         if self.cluster is None:
             raise RuntimeError("render() before reset()")
