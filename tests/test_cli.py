@@ -74,6 +74,12 @@ def test_dashes_name_the_same_command(tmp_path, capsys):
     assert "load_sweep is powered by Hydra" in capsys.readouterr().out
 
 
+def test_python_dash_m_experiments_is_the_same_dispatcher():
+    out = subprocess.run([sys.executable, "-m", "experiments", "trian"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown command 'trian'; allowed: train," in out.stderr
+
+
 def test_console_script_runs_a_tiny_evaluation(tmp_path):
     script = Path(sys.executable).with_name("llm-lb-gym")
     if not script.exists():
