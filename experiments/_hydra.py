@@ -1,8 +1,10 @@
-"""What every Hydra entry point shares: where conf/ lives, env options from a composed config,
-and the run record (resolved config, command, seed) written next to the results."""
+"""What every Hydra entry point shares: where conf/ lives, the ``@hydra_main`` shell, env
+options from a composed config, and the run record (resolved config, command, seed) written
+next to the results."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -12,6 +14,28 @@ import conf as _conf_pkg
 
 CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 """conf/ is a package, so it is found from an editable install and from a wheel alike."""
+
+
+def hydra_main(config_name: str):
+    """``@hydra.main`` on ``conf/<config_name>.yaml`` that first checks that the Hydra plugins
+    the command line selects are installed (``experiments._plugins``: the optional ones come
+    with an extra, and the error names it). Called with a config, it runs the task directly."""
+    import hydra
+
+    def decorate(task):
+        run = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name=config_name)(task)
+
+        @functools.wraps(task)
+        def main(cfg_passthrough=None):
+            if cfg_passthrough is None:
+                from experiments._plugins import require_plugins
+
+                require_plugins(sys.argv[1:])
+            return run(cfg_passthrough)
+
+        return main
+
+    return decorate
 
 
 def to_container(node):
@@ -52,6 +76,8 @@ def write_run_record(out: Path, cfg, **extra) -> None:
     script = Path(sys.argv[0]) if sys.argv else Path("?")
     if script.suffix == ".py" and script.parent.name == "experiments":   # run as python -m
         command = " ".join(["python", "-m", f"experiments.{script.stem}"] + sys.argv[1:])
+    elif sys.argv and sys.argv[0].startswith("llm-lb-gym "):   # experiments.cli sets argv[0]
+        command = " ".join(sys.argv)
     else:
         command = " ".join(["python"] + sys.argv)
     record = {"command": command, "argv": sys.argv, "seed": cfg.get("seed"), **extra}

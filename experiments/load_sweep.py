@@ -21,13 +21,12 @@ import math
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 from omegaconf import OmegaConf
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 
 CAPACITY_QUANTILES = (0.1, 0.9)
 
@@ -134,7 +133,7 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     return {"capacity_rps": mu, "table": table, "results": results, "out": out}
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="load_sweep")
+@hydra_main("load_sweep")
 def main(cfg) -> None:
     load_sweep(cfg)
 

@@ -31,7 +31,8 @@ import hydra
 import numpy as np
 from omegaconf import open_dict
 
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import (CONF_DIR, env_kwargs, hydra_main, run_dir, to_container,
+                                write_run_record)
 
 
 STEPS_PER_REQUEST_LIMIT = 20
@@ -273,7 +274,7 @@ def reproduce(cfg, out: Path | None = None) -> dict:
     return {"results": results, "out": out, "wall_s": wall}
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="reproduce")
+@hydra_main("reproduce")
 def main(cfg) -> None:
     reproduce(cfg)
 

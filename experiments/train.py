@@ -55,11 +55,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 
 FINAL_MODELS = ("best", "last")
 VALIDATION_STEP_FACTOR = 10
@@ -410,7 +409,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
             "change_vs_baseline_pct": change_pct}
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+@hydra_main("train")
 def main(cfg) -> float:
     """Returns the agent's mean-E2E % change vs ``eval.baseline``: the objective an Optuna sweep
     (``hydra/sweeper=optuna``) minimises; tune on validation seeds (``eval.seed=500``)."""

@@ -18,10 +18,10 @@ import shutil
 import time
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments._predictor_common import CONF_DIR, dump_json, repo_path, set_threads, write_run_record
+from experiments._hydra import hydra_main
+from experiments._predictor_common import dump_json, repo_path, set_threads, write_run_record
 from llm_lb_gym._validate import check_choice, check_range
 from llm_lb_gym.predictor.card import CARD_FILE, METRICS_FILE, ModelCard
 from llm_lb_gym.predictor.corpus import default_corpus_path, load_any
@@ -103,7 +103,7 @@ def train_predictor(cfg: DictConfig) -> dict:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train_predictor")
+@hydra_main("train_predictor")
 def main(cfg: DictConfig) -> None:
     metrics = train_predictor(cfg)
     print(dump_json(metrics))
