@@ -211,7 +211,8 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     text = header + "\n\n" + table + "\n"
     (out / "table.md").write_text(text)
     print(text, flush=True)
-    return {"setting": setting, "table": text, "capacity_rps": mu, "offered_rps": rate,
+    return {"setting": setting, "workload": ev["workload"], "table": text, "capacity_rps": mu,
+            "offered_rps": rate,
             "load_factor": rate / mu, "trained": trained, "train_wall_s": t_train, "eval_wall_s": t_eval,
             "eval": ev}
 

@@ -78,6 +78,9 @@ def test_experiment_trains_in_debug_size(experiment, tmp_path):
         assert (tmp_path / name).exists(), name
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["seed"] == cfg.seed and record["episode_steps"] > 0
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert record["workload"] == summary["workload"]   # the workload replayed, named in the results
+    assert f"workload {record['workload']}" in (tmp_path / "eval" / "summary.md").read_text()
     scalars = _scalars(tmp_path)
     for tag in SIM_TAGS + REWARD_TAGS + EVAL_TAGS + ("train/loss", "rollout/exploration_rate"):
         assert tag in scalars, f"{tag} missing; have {sorted(scalars)}"
@@ -123,6 +126,8 @@ def test_reproduce_writes_the_paper_table(tmp_path):
         assert row in text, row
     assert "+11.43" in text and "+0.46" in text     # the paper's WG-RL and JSQ beside ours
     assert res["results"][0]["load_factor"] > 0
+    workload = json.loads((tmp_path / "reproduction.json").read_text())[0]["workload"]
+    assert workload.startswith("task mix") and f"workload {workload}" in text
 
 
 def test_load_sweep_table(tmp_path):
