@@ -83,6 +83,17 @@ def test_registered_traces_are_workloads_and_synthetic_arrivals_follow_the_forma
         uses_synthetic_arrivals("nope")
 
 
+def test_trace_workload_options_are_checked_by_name():
+    with pytest.raises(ConfigError, match="format='csv' is not valid; allowed: azure, lengths, mooncake, burstgpt"):
+        make_workload("trace", path=str(AZURE), format="csv")
+    with pytest.raises(ConfigError, match="trace needs format=...; allowed: azure"):
+        make_workload("trace", path=str(AZURE))
+    with pytest.raises(ConfigError, match="mooncake needs path="):
+        make_workload("mooncake")
+    with pytest.raises(ConfigError, match="format"):
+        make_workload("azure_conv", format="azure")   # a registered trace's format is fixed
+
+
 def test_unknown_dataset_lists_the_names():
     with pytest.raises(ConfigError, match="unknown dataset 'azure'; allowed: .*azure_conv"):
         get_dataset("azure")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Mapping
 
-from .._validate import ConfigError, lookup, reject_unknown
+from .._validate import ConfigError, check_choice, lookup, reject_unknown
 from ..data.formats import TRACE_FORMATS
 from ..data.registry import trace_datasets
 from ..data.store import locate
@@ -118,6 +118,7 @@ class _Trace:
         fmt = options.pop("format", self.format)
         if fmt is None:
             raise ConfigError(f"{self.name} needs format=...; allowed: {', '.join(TRACE_FORMATS)}")
+        check_choice("format", fmt, TRACE_FORMATS)
         path = options.pop("path", None)
         if path is None and self.dataset is None:
             raise ConfigError(f"{self.name} needs path=... (the trace file to replay)")
