@@ -39,9 +39,13 @@ def hydra_main(config_name: str):
 
 
 def to_container(node):
+    """A plain dict/list of ``node``, interpolations resolved; a value left ``???`` (such as
+    ``workload.path`` of ``workload=trace``) raises MissingMandatoryValue naming its key."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(node, resolve=True) if node is not None else None
+    if node is None:
+        return None
+    return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
 
 
 def env_kwargs(cfg) -> dict:

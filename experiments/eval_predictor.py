@@ -18,8 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from experiments._hydra import hydra_main
 from experiments._predictor_common import dump_json, repo_path, set_threads
 from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.data import load_any
 from llm_lb_gym.predictor.card import ModelCard
-from llm_lb_gym.predictor.corpus import load_any
 from llm_lb_gym.predictor.evaluation import evaluate
 
 

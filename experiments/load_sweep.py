@@ -45,11 +45,11 @@ def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
     from llm_lb_gym.rollout import make_env_router, rollout_router
     from llm_lb_gym.sim.request import Status
 
-    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS
+    from llm_lb_gym.workload.registry import uses_synthetic_arrivals
 
     kw = {**kw, "arrival_rate_rps": rate_rps, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}
     workload = dict(kw.get("workload") or {})
-    if workload.get("name") not in SYNTHETIC_ARRIVALS and workload.get("format") != "lengths":
+    if not uses_synthetic_arrivals(workload.get("name", "task_mix"), workload):
         kw["workload"] = {**workload, "rate_scale": 1.0e4}
     env = gym.make("LLMCluster-v0", **kw)
     rollout_router(env, make_env_router("round_robin", env.unwrapped), seed)
@@ -96,16 +96,19 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
 
     from experiments.evaluate import evaluate
     from llm_lb_gym._validate import ConfigError
-    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS, build_workload
+    from llm_lb_gym.envs.builders import build_workload
+    from llm_lb_gym.workload.registry import synthetic_arrival_workloads, uses_synthetic_arrivals
 
     torch.set_num_threads(1)
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     kw = env_kwargs(cfg)
     wname = kw["workload"].get("name")
-    if wname not in SYNTHETIC_ARRIVALS and kw["workload"].get("format") != "lengths":
+    if not uses_synthetic_arrivals(wname, kw["workload"]):
         raise ConfigError(f"workload {wname!r} has its own timestamps; load_sweep needs one of "
-                          f"{', '.join(SYNTHETIC_ARRIVALS)} (scale a trace with workload.rate_scale)")
+                          f"{', '.join(synthetic_arrival_workloads())} or a length-only trace "
+                          "(workload=trace workload.format=lengths); scale a trace with "
+                          "workload.rate_scale")
     if cfg.baseline not in cfg.policies:
         raise ConfigError(f"baseline={cfg.baseline!r} must be one of policies={list(cfg.policies)}")
     t0 = time.perf_counter()

@@ -123,6 +123,17 @@ def _experiment(cfg, setting: str, *more: str) -> str:
     return f"experiment={names[0]}" if len(names) == 1 else f"experiment=[{','.join(names)}]"
 
 
+def _with_workload(cfg, sub):
+    """``sub`` (a composed train or evaluate config) with the workload the command selected
+    (``workload=trace workload.path=... workload.format=...``) in place of the setting's own."""
+    if cfg.get("workload") is not None:
+        from omegaconf import OmegaConf
+
+        with open_dict(sub):
+            sub.workload = OmegaConf.create(to_container(cfg.workload))
+    return sub
+
+
 def _variant_experiments(var) -> list[str]:
     exp = var.get("experiment")
     return [] if exp is None else ([exp] if isinstance(exp, str) else list(exp))
@@ -139,7 +150,7 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
         overrides.insert(1, f"reward={var.reward}")
     if cfg.train_episodes is not None:
         overrides.append(f"train.episodes={int(cfg.train_episodes)}")
-    tcfg = compose("train", overrides)
+    tcfg = _with_workload(cfg, compose("train", overrides))
     res = train(tcfg, out=out)
     env = to_container(tcfg.env)
     return {"model": str(res["model_path"]), "train_wall_s": res["train_wall_s"],
@@ -167,7 +178,7 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
             (out / key / "variant.json").write_text(json.dumps(trained[key], indent=2, default=str))
     t_train = time.perf_counter() - t0
 
-    ecfg = compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"])
+    ecfg = _with_workload(cfg, compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"]))
     with open_dict(ecfg):
         # An experiment states its evaluation under eval.* (train's layout); evaluate's keys are flat.
         exp_eval = ecfg.get("eval") or {}
@@ -212,7 +223,8 @@ def reproduce_setting(cfg, setting: str, out: Path) -> dict:
     text = header + "\n\n" + table + "\n"
     (out / "table.md").write_text(text)
     print(text, flush=True)
-    return {"setting": setting, "table": text, "capacity_rps": mu, "offered_rps": rate,
+    return {"setting": setting, "workload": ev["workload"], "table": text, "capacity_rps": mu,
+            "offered_rps": rate,
             "load_factor": rate / mu, "trained": trained, "train_wall_s": t_train, "eval_wall_s": t_eval,
             "eval": ev}
 
@@ -229,7 +241,7 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
 
         raise ConfigError(f"transfer: {spec.setting}/{spec.variant} was not trained in this run; "
                           f"settings {[r['setting'] for r in results]}")
-    ecfg = compose("evaluate", [_experiment(cfg, spec.setting), f"seed={cfg.eval_seed}"])
+    ecfg = _with_workload(cfg, compose("evaluate", [_experiment(cfg, spec.setting), f"seed={cfg.eval_seed}"]))
     with open_dict(ecfg):
         exp_eval = ecfg.get("eval") or {}
         factor = int(spec.num_instances) / int(ecfg.env.num_instances)

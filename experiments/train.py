@@ -335,7 +335,9 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     import torch
 
     from agents import EpisodeMetricsCallback, PeriodicEvalCallback
+    from experiments._accounting import describe_workload
     from experiments.evaluate import evaluate
+    from llm_lb_gym.envs.builders import build_workload
 
     torch.set_num_threads(1)
     _check_train_cfg(cfg)
@@ -343,12 +345,15 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     kw = env_kwargs(cfg)
+    workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")))
+    print(f"training {cfg.name} on workload {workload}", flush=True)
     t = cfg.train
     rr = measure_round_robin(kw, int(cfg.seed))
     episode_steps = int(t.episode_steps) if t.episode_steps else int(rr["steps"])
     total = int(t.total_timesteps) if t.total_timesteps else int(t.episodes) * episode_steps
     scale = auto_reward_scale(rr) if t.reward_scale == "auto" else float(t.reward_scale)
-    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale)
+    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale,
+                     workload=workload)
 
     agent = build_agent(cfg, kw, total, episode_steps, out / "tb", scale)
     if t.get("init_value_offset", True):
@@ -393,7 +398,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
     history = metrics_cb.history
     validation = [{"step": s, **v} for s, v in (callbacks[1].history if validator else [])]
     summary = {
-        "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
+        "workload": workload, "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
         "reward_scale": scale, "imitation": imitation,
         "train_wall_s": round(train_wall, 1), "eval_wall_s": round(eval_wall, 1),
         "model": str(model_path), "best_step": validator.best_step if validator else None,
@@ -402,7 +407,7 @@ def train(cfg, out: Path | None = None) -> dict[str, Any]:
         "validation": validation,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    print(f"trained {cfg.name}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
+    print(f"trained {cfg.name} on workload {workload}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
           f"evaluated {model_path.name} in {eval_wall:.0f} s; run dir {out}", flush=True)
     return {"out": out, "model_path": model_path, "eval": ev, "history": history,
             "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall,
