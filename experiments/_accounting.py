@@ -74,14 +74,16 @@ def describe_arrivals(arrivals) -> str:
 
 
 def describe_workload(workload, with_arrivals: bool = True) -> str:
-    """The workload a built env replays, e.g. ``trace /data/x.csv (azure) at rate_scale 2``;
-    ``with_arrivals=False`` leaves out synthetic arrival processes (a sweep varies them)."""
+    """The workload a built env replays, e.g. ``trace /data/x.csv (azure) at rate_scale 2``
+    (a registered dataset also by name: ``(azure, dataset azure_conv)``); ``with_arrivals=False``
+    leaves out synthetic arrival processes (a sweep varies them)."""
     from llm_lb_gym.workload.corpus import CorpusWorkload
     from llm_lb_gym.workload.task_mix import TaskMixWorkload
     from llm_lb_gym.workload.trace_workload import TraceWorkload
 
     if isinstance(workload, TraceWorkload):
-        text = f"trace {workload.path} ({workload.format})"
+        dataset = f", dataset {workload.dataset}" if workload.dataset else ""
+        text = f"trace {workload.path} ({workload.format}{dataset})"
         if workload.arrivals is None:
             return f"{text} at rate_scale {workload.rate_scale:g}"
         text += " lengths"

@@ -1,8 +1,10 @@
-"""What every Hydra entry point shares: where conf/ lives, env options from a composed config,
-and the run record (resolved config, command, seed) written next to the results."""
+"""What every Hydra entry point shares: where conf/ lives, the ``@hydra_main`` shell, env
+options from a composed config, and the run record (resolved config, command, seed) written
+next to the results."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -14,10 +16,36 @@ CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 """conf/ is a package, so it is found from an editable install and from a wheel alike."""
 
 
+def hydra_main(config_name: str):
+    """``@hydra.main`` on ``conf/<config_name>.yaml`` that first checks that the Hydra plugins
+    the command line selects are installed (``experiments._plugins``: the optional ones come
+    with an extra, and the error names it). Called with a config, it runs the task directly."""
+    import hydra
+
+    def decorate(task):
+        run = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name=config_name)(task)
+
+        @functools.wraps(task)
+        def main(cfg_passthrough=None):
+            if cfg_passthrough is None:
+                from experiments._plugins import require_plugins
+
+                require_plugins(sys.argv[1:])
+            return run(cfg_passthrough)
+
+        return main
+
+    return decorate
+
+
 def to_container(node):
+    """A plain dict/list of ``node``, interpolations resolved; a value left ``???`` (such as
+    ``workload.path`` of ``workload=trace``) raises MissingMandatoryValue naming its key."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(node, resolve=True) if node is not None else None
+    if node is None:
+        return None
+    return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
 
 
 def env_kwargs(cfg) -> dict:
@@ -76,6 +104,8 @@ def write_run_record(out: Path, cfg, **extra) -> None:
     script = Path(argv[0]) if argv else Path("?")
     if script.suffix == ".py" and script.parent.name == "experiments":   # run as python -m
         command = shlex.join(["python", "-m", f"experiments.{script.stem}"] + argv[1:])
+    elif argv and argv[0].startswith("llm-lb-gym "):   # experiments.cli sets argv[0]
+        command = " ".join([argv[0], *map(shlex.quote, argv[1:])])
     else:
         command = shlex.join(["python"] + argv)
     record = {"command": command, "argv": argv, "seed": cfg.get("seed"), **extra}

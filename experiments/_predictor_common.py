@@ -8,8 +8,8 @@ import shlex
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = str(REPO_ROOT / "conf")
+CHECKOUT = Path(__file__).resolve().parents[1]
+"""The repository when running from a checkout (an editable install); else site-packages."""
 
 
 def set_threads(threads: int | None, needs_torch: bool) -> None:
@@ -26,9 +26,13 @@ def set_threads(threads: int | None, needs_torch: bool) -> None:
 
 
 def repo_path(p) -> Path:
-    """A relative output path is taken from the repository root, not the working directory."""
+    """A relative path is taken from the repository root when running from a checkout (where
+    the README's commands keep ``artifacts/``), else from the working directory: an installed
+    package never writes into site-packages."""
     p = Path(p).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
+    if p.is_absolute():
+        return p
+    return (CHECKOUT if (CHECKOUT / "pyproject.toml").is_file() else Path.cwd()) / p
 
 
 def write_run_record(out_dir: Path, cfg, name: str) -> None:

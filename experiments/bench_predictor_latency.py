@@ -101,8 +101,8 @@ def main() -> None:
     ap.add_argument("--reference", action="store_true", help="also time the plain fp32 MiniLM forward pass")
     args = ap.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    from llm_lb_gym.data import DEFAULT_CORPUS, locate, read_corpus
     from llm_lb_gym.predictor.card import ModelCard
-    from llm_lb_gym.predictor.corpus import default_corpus_path, read_corpus
     from llm_lb_gym.predictor.evaluation import load_bucket_model, predict_corpus
 
     specs = [parse_spec(s) for s in args.models]
@@ -114,7 +114,7 @@ def main() -> None:
         import torch
         torch.set_num_threads(args.threads)
 
-    test = read_corpus(default_corpus_path()).split("test")
+    test = read_corpus(locate(DEFAULT_CORPUS)).split("test")
     rng = np.random.default_rng(args.seed)
     batches = [test.take(rng.choice(len(test), args.batch, replace=False)) for _ in range(args.repeats + 1)]
     fns = {}

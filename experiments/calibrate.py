@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -394,23 +393,27 @@ class Calibration:
     derived: dict[str, LatencyModel]
 
 
-def default_data_dir() -> Path:
-    """LLM_LB_GYM_DATA, else ``<repo>/../shared/data``."""
-    env = os.environ.get("LLM_LB_GYM_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
+def profile_path(dataset: str, data_dir: Path | str | None = None) -> Path:
+    """A profile's file: under ``data_dir`` if given (as laid out there, not checked), else
+    the registered dataset found and checked by ``llm_lb_gym.data.locate``."""
+    from llm_lb_gym.data import get_dataset, locate
+
+    if data_dir is None:
+        return locate(dataset)
+    return Path(data_dir) / get_dataset(dataset).path
 
 
-def _setup(preset: str, vidur: Path) -> tuple[Path, AttentionTransfer]:
-    """Which operator profile and which attention transfer each preset uses."""
+def _setup(preset: str) -> tuple[str, AttentionTransfer]:
+    """Which operator profile (a dataset name) and which attention transfer each preset uses."""
     if preset == "llama2-7b-a100":
-        return (vidur / "compute/a100/Llama-2-7b-hf/mlp.csv",
+        return ("vidur_a100_llama2_7b_mlp",
                 AttentionTransfer(1.0, 1.0, 1.0, "Llama-2-7B A100 attention medians as profiled"))
     if preset == "llama3-8b-a100":
-        return (vidur / "compute/a100/Meta-Llama-3-8B/mlp.csv", AttentionTransfer(
+        return ("vidur_a100_llama3_8b_mlp", AttentionTransfer(
             1.0, 1.0, 8 / 32, "no Llama-3 attention medians: Llama-2-7B's, same 32 query heads x 128 "
             "(prefill FLOPs unchanged); decode KV-read part x 8/32 KV heads (GQA)"))
     bw, fl = bandwidth_ratio("a100", "h100"), flops_ratio("a100", "h100")
-    return (vidur / "compute/h100/Llama-2-7b-hf/mlp.csv", AttentionTransfer(
+    return ("vidur_h100_llama2_7b_mlp", AttentionTransfer(
         fl, bw, 1.0, f"A100 attention: prefill x {fl:.3f} (FP16 tensor "
         f"{DATASHEETS['a100'].fp16_tensor_tflops}/{DATASHEETS['h100'].fp16_tensor_tflops} TFLOPS),"
         f" decode x {bw:.3f} ({DATASHEETS['a100'].memory_bandwidth_gb_s:.0f}/"
@@ -423,9 +426,8 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
     for name in presets:
         check_choice("preset", name, FITTED_PRESETS + DERIVED_PRESETS)
     check_choice("weighting", weighting, WEIGHTINGS)
-    vidur = Path(data_dir or default_data_dir()) / "profiling" / "vidur"
-    attention = load_attention_medians(vidur / "attention_medians_llama2_7b_a100.txt")
-    cpu = load_cpu_overheads(vidur / "cpu_overheads_a100.csv")
+    attention = load_attention_medians(profile_path("vidur_a100_llama2_7b_attention_medians", data_dir))
+    cpu = load_cpu_overheads(profile_path("vidur_a100_cpu_overheads", data_dir))
     log(f"CPU overheads: {CPU_OVERHEAD_MODEL} TP1 (A100 host), sum of {', '.join(CPU_OVERHEAD_COLUMNS)};"
         f" {cpu.intercept_ms:.3f} + {cpu.slope_ms:.4f} x batch ms (used for batch < "
         f"{cpu.batch_sizes[0]:.0f}); the same table for every preset (only 7B TP1 is profiled).")
@@ -435,13 +437,15 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
     wanted = set(presets) | ({"llama2-7b-a100"} if "llama2-7b-v100" in presets else set())
     fits: dict[str, FitReport] = {}
     for name in (n for n in FITTED_PRESETS if n in wanted):
-        path, transfer = _setup(name, vidur)
+        dataset, transfer = _setup(name)
+        path = profile_path(dataset, data_dir)
         ops = load_operator_profile(path)
         points = tuple(build_points(ops, attention, cpu, transfer))
         fits[name] = FitReport(name, fit_latency_model(points, weighting), points, weighting)
         _print_fit(fits[name], path, transfer, log)
         if name == "llama2-7b-h100":
-            _check_h100_ratios(load_operator_profile(vidur / "compute/a100/Llama-2-7b-hf/mlp.csv"), ops, log)
+            _check_h100_ratios(load_operator_profile(profile_path("vidur_a100_llama2_7b_mlp", data_dir)),
+                               ops, log)
         other = "absolute" if weighting == "relative" else "relative"
         alt = FitReport(name, fit_latency_model(points, other), points, other)
         log(f"  ({other}-error NNLS for comparison: prefill mean/max {_pct(alt.summary('prefill'))},"
@@ -482,7 +486,9 @@ def _print_fit(rep: FitReport, path: Path, transfer: AttentionTransfer, log: Cal
 def main(argv: Sequence[str] | None = None) -> Calibration:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-dir", type=Path, default=None,
-                    help="folder holding profiling/vidur (default: $LLM_LB_GYM_DATA or ../shared/data)")
+                    help="folder holding profiling/vidur/ (default: the registered datasets, found "
+                         "and checked by llm_lb_gym.data: $LLM_LB_GYM_DATA, ../shared/data or the "
+                         "user cache)")
     ap.add_argument("--preset", action="append", choices=FITTED_PRESETS + DERIVED_PRESETS,
                     help="preset to calibrate (repeatable; default: all)")
     ap.add_argument("--weighting", choices=WEIGHTINGS, default="relative",

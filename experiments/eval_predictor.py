@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments._predictor_common import CONF_DIR, dump_json, repo_path, set_threads
+from experiments._hydra import hydra_main
+from experiments._predictor_common import dump_json, repo_path, set_threads
 from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.data import load_any
 from llm_lb_gym.predictor.card import ModelCard
-from llm_lb_gym.predictor.corpus import load_any
 from llm_lb_gym.predictor.evaluation import evaluate
 
 
@@ -59,7 +59,7 @@ def eval_predictor(cfg: DictConfig) -> dict:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="eval_predictor")
+@hydra_main("eval_predictor")
 def main(cfg: DictConfig) -> None:
     print(dump_json(eval_predictor(cfg)))
 

@@ -18,12 +18,11 @@ import math
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar, say
 
 TABLE_COLUMNS = (
@@ -178,7 +177,7 @@ def _load_agent(spec: dict, kw: dict, env):
     return load_agent(spec["kind"], spec["path"], env=agent_env), agent_env
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="evaluate")
+@hydra_main("evaluate")
 def main(cfg) -> None:
     evaluate(cfg)
 

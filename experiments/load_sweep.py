@@ -21,13 +21,12 @@ import math
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 from omegaconf import OmegaConf
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar
 
 CAPACITY_QUANTILES = (0.1, 0.9)
@@ -47,11 +46,11 @@ def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
     from llm_lb_gym.rollout import make_env_router, rollout_router
     from llm_lb_gym.sim.request import Status
 
-    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS
+    from llm_lb_gym.workload.registry import uses_synthetic_arrivals
 
     kw = {**kw, "arrival_rate_rps": rate_rps, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}
     workload = dict(kw.get("workload") or {})
-    if workload.get("name") not in SYNTHETIC_ARRIVALS and workload.get("format") != "lengths":
+    if not uses_synthetic_arrivals(workload.get("name", "task_mix"), workload):
         kw["workload"] = {**workload, "rate_scale": 1.0e4}
     env = gym.make("LLMCluster-v0", **kw)
     rollout_router(env, make_env_router("round_robin", env.unwrapped), seed)
@@ -98,16 +97,19 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
 
     from experiments.evaluate import evaluate
     from llm_lb_gym._validate import ConfigError
-    from llm_lb_gym.envs.builders import SYNTHETIC_ARRIVALS, build_workload
+    from llm_lb_gym.envs.builders import build_workload
+    from llm_lb_gym.workload.registry import synthetic_arrival_workloads, uses_synthetic_arrivals
 
     torch.set_num_threads(1)
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     kw = env_kwargs(cfg)
     wname = kw["workload"].get("name")
-    if wname not in SYNTHETIC_ARRIVALS and kw["workload"].get("format") != "lengths":
+    if not uses_synthetic_arrivals(wname, kw["workload"]):
         raise ConfigError(f"workload {wname!r} has its own timestamps; load_sweep needs one of "
-                          f"{', '.join(SYNTHETIC_ARRIVALS)} (scale a trace with workload.rate_scale)")
+                          f"{', '.join(synthetic_arrival_workloads())} or a length-only trace "
+                          "(workload=trace workload.format=lengths); scale a trace with "
+                          "workload.rate_scale")
     if cfg.baseline not in cfg.policies:
         raise ConfigError(f"baseline={cfg.baseline!r} must be one of policies={list(cfg.policies)}")
     t0 = time.perf_counter()
@@ -142,7 +144,7 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     return {"capacity_rps": mu, "table": table, "results": results, "out": out}
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="load_sweep")
+@hydra_main("load_sweep")
 def main(cfg) -> None:
     load_sweep(cfg)
 

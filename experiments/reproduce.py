@@ -31,7 +31,8 @@ import hydra
 import numpy as np
 from omegaconf import open_dict
 
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import (CONF_DIR, env_kwargs, hydra_main, run_dir, to_container,
+                                write_run_record)
 from experiments._progress import progress_bar, say
 
 
@@ -123,6 +124,17 @@ def _experiment(cfg, setting: str, *more: str) -> str:
     return f"experiment={names[0]}" if len(names) == 1 else f"experiment=[{','.join(names)}]"
 
 
+def _with_workload(cfg, sub):
+    """``sub`` (a composed train or evaluate config) with the workload the command selected
+    (``workload=trace workload.path=... workload.format=...``) in place of the setting's own."""
+    if cfg.get("workload") is not None:
+        from omegaconf import OmegaConf
+
+        with open_dict(sub):
+            sub.workload = OmegaConf.create(to_container(cfg.workload))
+    return sub
+
+
 def _variant_experiments(var) -> list[str]:
     exp = var.get("experiment")
     return [] if exp is None else ([exp] if isinstance(exp, str) else list(exp))
@@ -140,7 +152,7 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
         overrides.insert(1, f"reward={var.reward}")
     if cfg.train_episodes is not None:
         overrides.append(f"train.episodes={int(cfg.train_episodes)}")
-    tcfg = compose("train", overrides)
+    tcfg = _with_workload(cfg, compose("train", overrides))
     res = train(tcfg, out=out, leave_bars=False)
     env = to_container(tcfg.env)
     return {"model": str(res["model_path"]), "train_wall_s": res["train_wall_s"],
@@ -173,7 +185,7 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
             bar.update()
     t_train = time.perf_counter() - t0
 
-    ecfg = compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"])
+    ecfg = _with_workload(cfg, compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"]))
     with open_dict(ecfg):
         # An experiment states its evaluation under eval.* (train's layout); evaluate's keys are flat.
         exp_eval = ecfg.get("eval") or {}
@@ -223,7 +235,8 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
     text = header + "\n\n" + table + "\n"
     (out / "table.md").write_text(text)
     say(text)
-    return {"setting": setting, "table": text, "capacity_rps": mu, "offered_rps": rate,
+    return {"setting": setting, "workload": ev["workload"], "table": text, "capacity_rps": mu,
+            "offered_rps": rate,
             "load_factor": rate / mu, "trained": trained, "train_wall_s": t_train, "eval_wall_s": t_eval,
             "eval": ev}
 
@@ -240,7 +253,7 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
 
         raise ConfigError(f"transfer: {spec.setting}/{spec.variant} was not trained in this run; "
                           f"settings {[r['setting'] for r in results]}")
-    ecfg = compose("evaluate", [_experiment(cfg, spec.setting), f"seed={cfg.eval_seed}"])
+    ecfg = _with_workload(cfg, compose("evaluate", [_experiment(cfg, spec.setting), f"seed={cfg.eval_seed}"]))
     with open_dict(ecfg):
         exp_eval = ecfg.get("eval") or {}
         factor = int(spec.num_instances) / int(ecfg.env.num_instances)
@@ -293,7 +306,7 @@ def reproduce(cfg, out: Path | None = None) -> dict:
     return {"results": results, "out": out, "wall_s": wall}
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="reproduce")
+@hydra_main("reproduce")
 def main(cfg) -> None:
     reproduce(cfg)
 

@@ -55,11 +55,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import hydra
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments._hydra import CONF_DIR, env_kwargs, run_dir, to_container, write_run_record
+from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import say
 
 FINAL_MODELS = ("best", "last")
@@ -339,8 +338,10 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     import torch
 
     from agents import EpisodeMetricsCallback, PeriodicEvalCallback
+    from experiments._accounting import describe_workload
     from experiments._progress import TrainingProgressCallback
     from experiments.evaluate import evaluate
+    from llm_lb_gym.envs.builders import build_workload
 
     torch.set_num_threads(1)
     _check_train_cfg(cfg)
@@ -348,12 +349,15 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     kw = env_kwargs(cfg)
+    workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")))
+    say(f"training {cfg.name} on workload {workload}")
     t = cfg.train
     rr = measure_round_robin(kw, int(cfg.seed))
     episode_steps = int(t.episode_steps) if t.episode_steps else int(rr["steps"])
     total = int(t.total_timesteps) if t.total_timesteps else int(t.episodes) * episode_steps
     scale = auto_reward_scale(rr) if t.reward_scale == "auto" else float(t.reward_scale)
-    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale)
+    write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale,
+                     workload=workload)
 
     agent = build_agent(cfg, kw, total, episode_steps, out / "tb", scale)
     if t.get("init_value_offset", True):
@@ -401,7 +405,7 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     history = metrics_cb.history
     validation = [{"step": s, **v} for s, v in (callbacks[1].history if validator else [])]
     summary = {
-        "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
+        "workload": workload, "episode_steps": episode_steps, "total_timesteps": total, "train_episodes": len(history),
         "reward_scale": scale, "imitation": imitation,
         "train_wall_s": round(train_wall, 1), "eval_wall_s": round(eval_wall, 1),
         "model": str(model_path), "best_step": validator.best_step if validator else None,
@@ -410,14 +414,14 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
         "validation": validation,
     }
     (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    say(f"trained {cfg.name}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
+    say(f"trained {cfg.name} on workload {workload}: {len(history)} episodes, {total} steps in {train_wall:.0f} s; "
           f"evaluated {model_path.name} in {eval_wall:.0f} s; run dir {out}")
     return {"out": out, "model_path": model_path, "eval": ev, "history": history,
             "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall,
             "change_vs_baseline_pct": change_pct}
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train")
+@hydra_main("train")
 def main(cfg) -> float:
     """Returns the agent's mean-E2E % change vs ``eval.baseline``: the objective an Optuna sweep
     (``hydra/sweeper=optuna``) minimises; tune on validation seeds (``eval.seed=500``)."""

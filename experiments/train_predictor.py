@@ -3,7 +3,7 @@
     python -m experiments.train_predictor                      # MiniLM + task hint, time4 buckets
     python -m experiments.train_predictor kind=light           # hashed n-grams + logistic regression
     python -m experiments.train_predictor kind=forest scheme=paper_dqn
-    python -m experiments.train_predictor kind=forest data.path=../shared/data/traces/azure_llm_2023_conv.csv
+    python -m experiments.train_predictor kind=forest data.path=$(python -m llm_lb_gym.data path azure_conv)
 
 Writes to ``out_dir`` (default ``artifacts/predictor/<kind>-<scheme>``): the model and its
 ``predictor.json`` card, ``no_hint/`` (the same model without the hint, a baseline),
@@ -18,13 +18,13 @@ import shutil
 import time
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from experiments._predictor_common import CONF_DIR, dump_json, repo_path, set_threads, write_run_record
+from experiments._hydra import hydra_main
+from experiments._predictor_common import dump_json, repo_path, set_threads, write_run_record
 from llm_lb_gym._validate import check_choice, check_range
+from llm_lb_gym.data import DEFAULT_CORPUS, load_any, locate
 from llm_lb_gym.predictor.card import CARD_FILE, METRICS_FILE, ModelCard
-from llm_lb_gym.predictor.corpus import default_corpus_path, load_any
 from llm_lb_gym.predictor.evaluation import NO_HINT_DIR, evaluate
 from llm_lb_gym.predictor.forest import ForestPredictor, ForestSettings
 from llm_lb_gym.predictor.registry import resolve_scheme
@@ -53,7 +53,7 @@ def train_predictor(cfg: DictConfig) -> dict:
     set_threads(cfg.threads, kind == "transformer")
     scheme = resolve_scheme(cfg.scheme)
     # Absolute, so the card still finds its corpus when eval_predictor runs from elsewhere.
-    path = Path(cfg.data.path).expanduser().resolve() if cfg.data.path else default_corpus_path()
+    path = Path(cfg.data.path).expanduser().resolve() if cfg.data.path else locate(DEFAULT_CORPUS).resolve()
     csv = _plain(cfg.data.csv)
     corpus = load_any(path, **csv)
     tf = float(cfg.data.test_fraction)
@@ -103,7 +103,7 @@ def train_predictor(cfg: DictConfig) -> dict:
     return metrics
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="train_predictor")
+@hydra_main("train_predictor")
 def main(cfg: DictConfig) -> None:
     metrics = train_predictor(cfg)
     print(dump_json(metrics))

@@ -19,6 +19,15 @@ class ConfigError(ValueError):
     """An option has a value outside its allowed set or range."""
 
 
+class UnknownOptionError(ConfigError, TypeError):
+    """An option name that does not exist (a typo, or a keyword this constructor does not take).
+
+    A ``TypeError`` as well, as Python raises for an unexpected keyword argument: generic
+    wrappers probe optional constructor keywords (``render_mode``, ``frameskip``, ...) by
+    catching ``TypeError`` and retrying without them, and a typo still fails on the retry.
+    """
+
+
 def _interval(lo, hi, lo_open: bool, hi_open: bool) -> str:
     left = "-inf" if lo is None else f"{lo}"
     right = "inf" if hi is None else f"{hi}"
@@ -78,10 +87,23 @@ def lookup(kind: str, registry: Mapping[str, T], key: str) -> T:
 
 
 def reject_unknown(kind: str, given: Mapping[str, object], known: Iterable[str]) -> None:
-    """Raise ConfigError naming any key of ``given`` that is not in ``known``."""
+    """Raise UnknownOptionError naming any key of ``given`` that is not in ``known``."""
     known = set(known)
     extra = sorted(set(given) - known)
     if extra:
-        raise ConfigError(
+        raise UnknownOptionError(
             f"unknown {kind} option(s): {', '.join(extra)}; allowed: {', '.join(sorted(known))}"
         )
+
+
+def reject_unexpected_keywords(given: Mapping[str, object], known: Iterable[str]) -> None:
+    """A constructor's ``**options`` check, worded as Python words it for a plain signature
+    (``__init__() got an unexpected keyword argument 'x'``; wrappers match that text), then the
+    allowed names."""
+    known = set(known)
+    extra = [k for k in given if k not in known]   # in the caller's order, as Python reports
+    if extra:
+        more = f" (and {', '.join(map(repr, extra[1:]))})" if len(extra) > 1 else ""
+        raise UnknownOptionError(
+            f"__init__() got an unexpected keyword argument {extra[0]!r}{more}; "
+            f"allowed: {', '.join(sorted(known))}")

@@ -46,11 +46,18 @@ def _make_env_or_skip(kw: dict):
 
 
 CASES = [(g, o) for g in ENV_GROUPS for o in _options(g)]
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "traces"
+TRACE_FIXTURES = {"azure": "tiny_azure.csv", "mooncake": "tiny_mooncake.jsonl",
+                  "burstgpt": "tiny_burstgpt.csv", "lengths": "tiny_lengths.csv"}
+"""One tiny made-up file per trace format (tests/fixtures/traces), as the README points at."""
+REQUIRED = {("workload", "trace"): [f"workload.path={FIXTURES / TRACE_FIXTURES['azure']}",
+                                    "workload.format=azure"]}
+"""Options whose config leaves values to the user (``???``): what a user would add."""
 
 
 @pytest.mark.parametrize("group,option", CASES, ids=[f"{g}={o}" for g, o in CASES])
 def test_env_groups_compose_and_make_env(group, option):
-    cfg = _compose([f"{group}={option}"])
+    cfg = _compose([f"{group}={option}", *REQUIRED.get((group, option), [])])
     kw = env_kwargs(cfg)
     kw["num_requests"] = 40
     env, obs = _make_env_or_skip(kw)
@@ -60,6 +67,47 @@ def test_env_groups_compose_and_make_env(group, option):
     assert base.cfg.engine.preset == cfg.engine.preset
     assert base.cfg.reward.mode == cfg.reward.mode
     env.close()
+
+
+@pytest.mark.parametrize("format", sorted(TRACE_FIXTURES))
+def test_trace_config_replays_every_format_without_plus(format):
+    """``workload=trace workload.path=... workload.format=...`` (no ``+``) for every reader,
+    then an episode that accounts for every request of the file."""
+    path = FIXTURES / TRACE_FIXTURES[format]
+    cfg = _compose(["workload=trace", f"workload.path={path}", f"workload.format={format}",
+                    "workload.start=head"])
+    kw = env_kwargs(cfg)
+    kw["num_requests"] = 23   # the failed BurstGPT row is dropped: 23 requests in each file
+    env = gym.make("LLMCluster-v0", **kw)
+    base = env.unwrapped
+    _, info = env.reset(seed=0)
+    done = False
+    while not done:
+        _, _, term, trunc, info = env.step(base.m if not info["action_mask"][:base.m].any()
+                                           else int(info["action_mask"][:base.m].argmax()))
+        done = term or trunc
+    metrics = info["metrics"]
+    assert metrics["completed"] + metrics["rejected"] == 23
+    workload = base.workload
+    assert workload.path == str(path) and workload.format == format
+    assert workload.arrivals is None if format != "lengths" else workload.arrivals.rate_rps == cfg.env.arrival_rate_rps
+
+
+@pytest.mark.parametrize("missing", ["path", "format"])
+def test_trace_config_names_what_is_missing(missing):
+    from omegaconf.errors import MissingMandatoryValue
+
+    given = {"path": f"workload.path={FIXTURES / TRACE_FIXTURES['azure']}", "format": "workload.format=azure"}
+    cfg = _compose(["workload=trace", *(v for k, v in given.items() if k != missing)])
+    with pytest.raises(MissingMandatoryValue, match=f"workload.{missing}"):
+        env_kwargs(cfg)
+
+
+def test_every_registered_trace_has_a_workload_config():
+    from llm_lb_gym.data import trace_datasets
+
+    for name in trace_datasets():
+        assert OmegaConf.load(CONF / "workload" / f"{name}.yaml").name == name
 
 
 def test_experiment_files_are_global_packages():

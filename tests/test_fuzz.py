@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import llm_lb_gym  # noqa: F401
 from llm_lb_gym._validate import ConfigError
-from llm_lb_gym.predictor.corpus import CorpusError
+from llm_lb_gym.data import CorpusError
 from llm_lb_gym.workload import TraceFormatError
 
 NAMED_ERRORS = (ConfigError, TraceFormatError, CorpusError)   # ArrivalLimitError is a ConfigError

@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from experiments import calibrate as cal
 from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.data import DataNotFoundError, default_data_dir
 from llm_lb_gym.sim.latency import PRESETS, LatencyModel, get_preset
 
 COEFFS = [f.name for f in dataclasses.fields(LatencyModel)]
-
-
-def _data_dir() -> Path:
-    env = os.environ.get("LLM_LB_GYM_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-VIDUR = _data_dir() / "profiling" / "vidur"
+VIDUR = default_data_dir() / "profiling" / "vidur"
 needs_data = pytest.mark.skipif(not VIDUR.is_dir(), reason=f"profiling data absent at {VIDUR}")
 
 
@@ -110,9 +102,10 @@ def test_loaders_parse_real_files() -> None:
 
 @pytest.fixture(scope="module")
 def calibration() -> cal.Calibration:
-    if not VIDUR.is_dir():
-        pytest.skip(f"profiling data absent at {VIDUR}")
-    return cal.calibrate(_data_dir(), log=lambda _: None)
+    try:   # the registered profiles, found and checksum-checked by llm_lb_gym.data
+        return cal.calibrate(log=lambda _: None)
+    except DataNotFoundError as err:
+        pytest.skip(f"profiling data absent: {err}")
 
 
 @needs_data

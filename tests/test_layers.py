@@ -1,5 +1,5 @@
-"""Imports point down the layers: sim <- workload <- predictor <- policies <- envs <- rollout,
-and the package never imports the top-level ``agents`` or ``experiments`` packages.
+"""Imports point down the layers: sim <- data <- workload <- predictor <- policies <- envs <-
+rollout, and the package never imports the top-level ``agents`` or ``experiments`` packages.
 
 Read from the source with ``ast`` (imports inside functions included), so a lazy import that
 goes the wrong way fails here rather than as a circular import in some user's process.
@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = "llm_lb_gym"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-LAYERS = ("sim", "workload", "predictor", "policies", "envs", "rollout")
+LAYERS = ("sim", "data", "workload", "predictor", "policies", "envs", "rollout")
 """Bottom first: a module may import its own layer and those before it."""
 SHARED = {f"{PACKAGE}._validate", f"{PACKAGE}.limits"}
 """Leaf helpers every layer may use (they import nothing of the package)."""
@@ -22,9 +22,6 @@ KNOWN_UPWARD = {
     # sim.simulate builds request tables from a workload's RequestBatch: the batch type belongs
     # below both; moving it is another issue's work.
     ("sim.simulate", "workload"),
-    # workload.corpus reads prompt corpora with the predictor's reader (a lazy import); moving
-    # the reader below both is another issue's work.
-    ("workload.corpus", "predictor"),
 }
 """(module, layer) pairs that point up today, each with the reason it is tolerated."""
 
@@ -86,6 +83,25 @@ def test_sim_imports_nothing_outside_sim_and_no_gymnasium():
         if wrong:
             bad[module] = wrong
     assert not bad
+
+
+def test_data_imports_only_itself_and_the_leaf_helpers():
+    """Readers and the dataset store sit below workload and predictor and need neither (nor sim)."""
+    bad = {}
+    for module, names in IMPORTS.items():
+        if _layer(module) != "data":
+            continue
+        wrong = sorted(n for n in names if n.split(".")[0] == PACKAGE and _layer(n) != "data"
+                       and not any(n == s or n.startswith(s + ".") for s in SHARED))
+        if wrong:
+            bad[module] = wrong
+    assert f"{PACKAGE}.data.store" in IMPORTS and not bad
+
+
+def test_workload_never_imports_predictor():
+    bad = {m: sorted(n for n in names if _layer(n) == "predictor")
+           for m, names in IMPORTS.items() if _layer(m) == "workload"}
+    assert not {m: n for m, n in bad.items() if n}
 
 
 def test_lower_layers_never_import_envs_or_rollout():

@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from llm_lb_gym.data import (CorpusError, default_corpus_path, load_any, prompt_in_test,
+                             read_corpus, read_length_table)
 from llm_lb_gym.predictor.buckets import SCHEMES, BucketScheme
-from llm_lb_gym.predictor.corpus import (CorpusError, default_corpus_path, load_any, prompt_in_test,
-                                         read_corpus, read_length_table)
 
 
 def _write(path, rows, gz=False):

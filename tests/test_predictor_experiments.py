@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments._predictor_common import CONF_DIR
+from experiments._hydra import CONF_DIR
 from experiments.eval_predictor import eval_predictor
 from experiments.train_predictor import train_predictor
 from llm_lb_gym.predictor.card import ModelCard

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.data import read_corpus
 from llm_lb_gym.predictor.base import LengthPredictor
 from llm_lb_gym.predictor.buckets import SCHEMES
 from llm_lb_gym.predictor.card import ModelCard, add_task_hint
-from llm_lb_gym.predictor.corpus import read_corpus
 from llm_lb_gym.predictor.forest import ForestPredictor, ForestSettings
 from llm_lb_gym.predictor.metrics import scores
 from llm_lb_gym.predictor.registry import make_predictor

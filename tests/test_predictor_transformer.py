@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.data import read_corpus
 from llm_lb_gym.predictor.buckets import SCHEMES
 from llm_lb_gym.predictor.card import ModelCard
-from llm_lb_gym.predictor.corpus import read_corpus
 from llm_lb_gym.predictor.registry import make_predictor
 from llm_lb_gym.predictor.text_predictor import TextBucketPredictor
 from test_predictor_models import _batch, write_toy_corpus

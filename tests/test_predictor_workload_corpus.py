@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from llm_lb_gym._validate import ConfigError
-from llm_lb_gym.predictor.corpus import default_corpus_path, read_corpus
+from llm_lb_gym.data import default_corpus_path, read_corpus
 from llm_lb_gym.workload.arrivals import DeterministicArrivals, PoissonArrivals
 from llm_lb_gym.workload.corpus import CorpusWorkload
 

@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
+from llm_lb_gym.data import CorpusError, read_corpus, read_length_table
 from llm_lb_gym.limits import MAX_TOKENS
-from llm_lb_gym.predictor.corpus import CorpusError, read_corpus, read_length_table
 from llm_lb_gym.workload import RequestBatch, TraceFormatError, TraceWorkload, read_trace
 
 AZURE = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n"

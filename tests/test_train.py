@@ -78,6 +78,9 @@ def test_experiment_trains_in_debug_size(experiment, tmp_path):
         assert (tmp_path / name).exists(), name
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["seed"] == cfg.seed and record["episode_steps"] > 0
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert record["workload"] == summary["workload"]   # the workload replayed, named in the results
+    assert f"workload {record['workload']}" in (tmp_path / "eval" / "summary.md").read_text()
     scalars = _scalars(tmp_path)
     for tag in SIM_TAGS + REWARD_TAGS + EVAL_TAGS + ("train/loss", "rollout/exploration_rate"):
         assert tag in scalars, f"{tag} missing; have {sorted(scalars)}"
@@ -115,14 +118,20 @@ def test_other_agents_train_through_the_same_entry_point(agent, extra, tmp_path)
 def test_reproduce_writes_the_paper_table(tmp_path):
     from experiments.reproduce import reproduce
 
+    trace = Path(__file__).resolve().parent / "fixtures" / "traces" / "tiny_mooncake.jsonl"
     cfg = _compose("reproduce", ["extra_experiments=[debug]", "run_variants=[baseline_rl,wg_rl]",
-                                 "eval_episodes=2", "policies=[round_robin,jsq]"])
+                                 "eval_episodes=2", "policies=[round_robin,jsq]", "workload=trace",
+                                 f"workload.path={trace}", "workload.format=mooncake"])
     res = reproduce(cfg, out=tmp_path)
     text = (tmp_path / "reproduction.md").read_text()
     for row in ("| round_robin |", "| Baseline RL |", "| WG-RL |", "| jsq |", "| lookahead |"):
         assert row in text, row
     assert "+11.43" in text and "+0.46" in text     # the paper's WG-RL and JSQ beside ours
     assert res["results"][0]["load_factor"] > 0
+    workload = json.loads((tmp_path / "reproduction.json").read_text())[0]["workload"]
+    assert workload == f"trace {trace} (mooncake) at rate_scale 1" and f"workload {workload}" in text
+    for variant in ("baseline_rl", "wg_rl"):   # trained on the same file
+        assert json.loads((tmp_path / "paper_v100" / variant / "run.json").read_text())["workload"] == workload
     for figure in ("paper_v100_reduction.png", "paper_v100_learning_curves.png"):
         assert (tmp_path / figure).stat().st_size > 0, figure
 

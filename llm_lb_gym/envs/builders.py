@@ -9,8 +9,6 @@ from __future__ import annotations
 from .config import as_name_and_options
 
 
-SYNTHETIC_ARRIVALS = ("task_mix", "sharegpt", "arxiv_summarization", "corpus")
-"""Workloads without timestamps of their own: the env's ``arrival_rate_rps`` drives them."""
 ARRIVAL_OPTIONS = ("arrival", "arrivals", "rate_rps", "cv")
 
 
@@ -23,10 +21,10 @@ def build_workload(spec, arrival_rate_rps: float | None):
     """
     if hasattr(spec, "sample"):
         return spec
-    from ..workload.registry import make_workload
+    from ..workload.registry import make_workload, uses_synthetic_arrivals
 
     name, opts = as_name_and_options(spec, "workload")
-    synthetic = name in SYNTHETIC_ARRIVALS or opts.get("format") == "lengths"
+    synthetic = uses_synthetic_arrivals(name, opts)
     if synthetic and arrival_rate_rps is not None and not any(k in opts for k in ARRIVAL_OPTIONS):
         opts["rate_rps"] = arrival_rate_rps
     return make_workload(name, **opts)

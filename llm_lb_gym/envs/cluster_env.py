@@ -11,6 +11,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from .._validate import check_choice, reject_unexpected_keywords
 from ..limits import grid_index_at_or_after
 from ..policies.drive import decide
 from ..sim.cluster import Cluster
@@ -20,8 +21,9 @@ from ..sim.request import RequestTable
 from ..workload.batch import RequestBatch
 from .actions import coerce_action
 from .builders import build_predictor, build_workload
-from .config import MIXING_TEACHER, EnvConfig
+from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
 from .observation import ObservationBuilder
+from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
 from .reward import guidance_term, guidance_weight, ideal_latency_s
 from .routers import make_env_router
 
@@ -68,19 +70,33 @@ class LLMClusterEnv(gym.Env):
     them, see ``wrappers.py``); ``info["metrics"]["unfinished"]`` counts requests still in the
     system at a truncation.
 
+    ## Rendering
+    ``render_mode="ansi"``: ``render()`` returns a text table of the router queue and each
+    instance (running, prefilling, waiting, KV blocks used, preemptions, finished);
+    ``"rgb_array"``: the same drawn as an image (``llm_lb_gym/envs/render.py``). Without a
+    render mode ``render()`` returns None. Rendering does not change the episode.
+
     ## Arguments
     See ``EnvConfig`` (``llm_lb_gym/envs/config.py``): ``num_instances``, ``num_requests``,
     ``arrival_rate_rps``, ``workload``, ``engine``, ``predictor``, ``reward``, ``obs``,
-    ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``.
+    ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``; and
+    Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
+    (``__init__() got an unexpected keyword argument 'x'``, then the allowed names), which is
+    also a ``ConfigError``.
 
     ## Version History
     - v0: initial version.
     """
 
-    metadata = {"render_modes": []}
+    # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
+    # spaced in simulated time, so a video is a sequence of decisions, not a clock).
+    metadata = {"render_modes": list(RENDER_MODES), "render_fps": 50}
 
-    def __init__(self, **options: Any):
-        self.cfg = EnvConfig.from_kwargs(**options)
+    def __init__(self, render_mode: str | None = None, **options: Any):
+        reject_unexpected_keywords(options, (*ENV_OPTIONS, "render_mode"))
+        check_choice("render_mode", render_mode, (None, *RENDER_MODES))
+        self.render_mode = render_mode
+        self.cfg = EnvConfig(**options)
         cfg = self.cfg
         self.m = cfg.num_instances
         self.cluster_cfg = ClusterConfig(num_instances=self.m, engine=cfg.engine, fast=cfg.fast)
@@ -193,9 +209,9 @@ class LLMClusterEnv(gym.Env):
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp, _ = self._advance_until_decision(0)
         obs = self._observe()
-        info = self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0)
-        info["metrics"] = None
-        return obs, info
+        # No "metrics" key until an episode ends: vector envs stack each key's values across
+        # envs and cannot mix None with the final step's dict.
+        return obs, self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0)
 
     def step(self, action):
         a = coerce_action(action, self.defer_action + 1)
@@ -214,6 +230,21 @@ class LLMClusterEnv(gym.Env):
         if instance < self.m and self.cluster.queue:
             return self._transition(position, instance)
         return self._transition(None, self.m)
+
+    def render(self):
+        """The cluster now, as ``render_mode`` says: a string (``ansi``), an RGB array of shape
+        (H, W, 3) (``rgb_array``), or None without a render mode."""
+        if self.render_mode is None:   # Gymnasium's own envs warn the same way
+            env_id = self.spec.id if self.spec is not None else "LLMCluster-v0"
+            gym.logger.warn(
+                "You are calling render method without specifying any render mode. You can "
+                f'specify the render_mode at initialization, e.g. gym.make("{env_id}", '
+                'render_mode="ansi")')
+            return None
+        if self.cluster is None:
+            raise RuntimeError("render() before reset()")
+        view = snapshot(self.cluster)
+        return to_ansi(view) if self.render_mode == "ansi" else to_rgb_array(view)
 
     def metrics(self) -> dict:
         """Episode metrics so far (final once the episode has terminated)."""

@@ -238,10 +238,10 @@ class EnvConfig:
         object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))
         object.__setattr__(self, "action", _build(ActionConfig, self.action, "action"))
 
-    @staticmethod
-    def from_kwargs(**kwargs) -> "EnvConfig":
-        reject_unknown("LLMCluster-v0", kwargs, [f.name for f in fields(EnvConfig)])
-        return EnvConfig(**kwargs)
+
+ENV_OPTIONS = tuple(f.name for f in fields(EnvConfig))
+"""The keywords of ``gym.make("LLMCluster-v0", ...)`` besides Gymnasium's ``render_mode`` (the
+env checks them, so an unknown one gets Python's wording and the allowed list)."""
 
 
 def as_name_and_options(value, kind: str) -> tuple[str, dict]:

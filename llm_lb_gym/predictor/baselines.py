@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..data.corpus import Corpus
 from .buckets import BucketScheme
-from .corpus import Corpus
 
 
 class PerTaskMajority:

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.corpus import Corpus
 from .baselines import PerTaskMajority
 from .card import ModelCard, scheme_dict
-from .corpus import Corpus
 from .forest import ForestPredictor, ForestSettings
 from .metrics import report
 from .task_classifier import TaskClassifier

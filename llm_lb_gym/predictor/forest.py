@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, reject_unknown
+from ..data.corpus import Corpus
 from ..workload.batch import RequestBatch
 from .base import Prediction
 from .buckets import BucketScheme
 from .card import ModelCard
-from .corpus import Corpus
 from .text_predictor import bucket_means
 
 MODEL_FILE = "model.joblib"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.corpus import Corpus
 from .card import ModelCard
-from .corpus import Corpus
 from .textmodel import fit_text_model, load_text_model, make_settings
 
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice
+from ..data.corpus import Corpus
 from ..workload.batch import RequestBatch
 from .base import Prediction
 from .buckets import BucketScheme
 from .card import DEFAULT_HINT_TEMPLATE, ModelCard, add_task_hint
-from .corpus import Corpus
 from .task_classifier import TaskClassifier
 from .textmodel import fit_text_model, load_text_model, make_settings
 

@@ -22,23 +22,20 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..data.corpus import DEFAULT_CORPUS, SPLITS, Corpus, read_corpus
+from ..data.store import locate
 from ..limits import MAX_TOKENS
 from .arrivals import ArrivalProcess, PoissonArrivals
 from .batch import RequestBatch
-from .data_dir import resolve_data_file
-
-DEFAULT_CORPUS = "text/prompts_responses.jsonl.gz"
-SPLITS = ("train", "test", "all")
 
 
 @lru_cache(maxsize=8)
-def _cached_corpus(path: str, size: int, mtime_ns: int):
-    from ..predictor.corpus import read_corpus
+def _cached_corpus(path: str, size: int, mtime_ns: int) -> Corpus:
     return read_corpus(path)
 
 
-def load_corpus(path: str | os.PathLike):
-    """``predictor.corpus.read_corpus`` cached per (file, size, mtime): resets never re-read it."""
+def load_corpus(path: str | os.PathLike) -> Corpus:
+    """``data.read_corpus`` cached per (file, size, mtime): resets never re-read it."""
     p = Path(path).expanduser().resolve()
     stat = p.stat()
     return _cached_corpus(str(p), stat.st_size, stat.st_mtime_ns)
@@ -58,7 +55,7 @@ class CorpusWorkload:
     """Episodes of real prompts (with text) from a JSONL prompt/response corpus."""
 
     path: str | None = None
-    """Corpus file; None: ``text/prompts_responses.jsonl.gz`` under the data directory."""
+    """Corpus file; None: the registered ``prompts_responses`` dataset (``data.locate``)."""
     arrivals: ArrivalProcess = field(default_factory=lambda: PoissonArrivals(20.0))
     """Arrival process (a corpus has no timestamps)."""
     task_filter: tuple[str, ...] | None = None
@@ -73,7 +70,10 @@ class CorpusWorkload:
     """Drop rows whose prompt fills it; clip decode to the rest (None: no cap)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "path", str(resolve_data_file(DEFAULT_CORPUS, self.path)))
+        path = locate(DEFAULT_CORPUS) if self.path is None else Path(self.path).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"corpus file not found: {path}")
+        object.__setattr__(self, "path", str(path))
         check_choice("split", self.split, SPLITS)
         check_range("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         if not hasattr(self.arrivals, "times_s"):

@@ -1,23 +1,29 @@
 """Workloads and arrival processes by name, for ``gym.make`` keywords and Hydra configs.
 
 ``make_workload("task_mix", rate_rps=40.0)`` or ``make_workload("azure_conv", rate_scale=2.0)``.
+Every request trace registered in ``data.DATASETS`` is a workload of the same name (its file is
+found and checked by ``data.locate``; ``path=`` replays a file of your own in its place);
+``trace`` (any ``format``), ``mooncake`` and ``burstgpt`` replay a file you name with ``path``.
 Every name accepts the arrival options ``arrival`` (a kind from ``ARRIVAL_KINDS``),
 ``rate_rps`` and ``cv``, or ``arrivals`` (an arrival-process object, or a dict with ``kind``)
 instead; for a timestamped trace, giving any of them replaces its recorded arrival times.
-Unknown names and options raise ConfigError listing the valid ones.
+``uses_synthetic_arrivals(name, options)`` says which workloads draw arrivals from a process
+(the env's ``arrival_rate_rps`` then drives them). Unknown names and options raise ConfigError
+listing the valid ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from typing import Callable, Mapping
 
-from .._validate import ConfigError, lookup, reject_unknown
+from .._validate import ConfigError, check_choice, lookup, reject_unknown
+from ..data.formats import TRACE_FORMATS
+from ..data.registry import trace_datasets
+from ..data.store import locate
 from .arrivals import ArrivalProcess, DeterministicArrivals, GammaArrivals, PoissonArrivals
 from .base import Workload
-from .data_dir import resolve_data_file
 from .task_mix import TaskMixWorkload
-from .trace_readers import TRACE_FORMATS
 from .trace_workload import TraceWorkload
 
 DEFAULT_RATE_RPS = 20.0
@@ -66,33 +72,63 @@ _TRACE_KEYS = ("path", "rate_scale", "start", "max_prompt_tokens", "max_context_
 _ARRIVAL_OPTION_NAMES = _ARRIVAL_KEYS + ("arrivals",)
 
 
+@dataclass(frozen=True)
+class _Generated:
+    """A workload that makes its own requests (no timestamps): arrivals always synthetic."""
+
+    build: Callable[..., Workload]
+
+    def __call__(self, **options) -> Workload:
+        return self.build(**options)
+
+    def replays_timestamps(self, options: Mapping) -> bool:
+        return False
+
+
 def _task_mix(**options) -> Workload:
     reject_unknown("task_mix", options, _TASK_MIX_KEYS + _ARRIVAL_OPTION_NAMES)
     arrivals = _pop_arrivals(options, PoissonArrivals(DEFAULT_RATE_RPS))
     return TaskMixWorkload(arrivals=arrivals, **options)
 
 
-def _trace_factory(name: str, format: str | None, default_file: str | None) -> Callable[..., Workload]:
-    """Builder for a trace workload; ``format``/``default_file`` None means the caller gives them."""
-    keys = _TRACE_KEYS + _ARRIVAL_OPTION_NAMES + (("format",) if format is None else ())
+@dataclass(frozen=True)
+class _Trace:
+    """A trace workload: a registered dataset (``dataset``), or a file the caller names with
+    ``path`` in a fixed ``format`` (or in any format given as an option, when ``format`` is None)."""
 
-    def build(**options) -> Workload:
-        reject_unknown(name, options, keys)
-        fmt = options.pop("format", format)
+    name: str
+    format: str | None
+    dataset: str | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return _TRACE_KEYS + _ARRIVAL_OPTION_NAMES + (("format",) if self.format is None else ())
+
+    def _format(self, options: Mapping) -> str | None:
+        return options.get("format", self.format)
+
+    def replays_timestamps(self, options: Mapping) -> bool:
+        """Whether it replays recorded times (False: its format has none); a format still to
+        be given counts as timestamped."""
+        fmt = self._format(options)
+        return fmt not in TRACE_FORMATS or TRACE_FORMATS[fmt].has_timestamps
+
+    def __call__(self, **options) -> Workload:
+        reject_unknown(self.name, options, self.keys)
+        fmt = options.pop("format", self.format)
         if fmt is None:
-            raise ConfigError(f"{name} needs format=...; allowed: {', '.join(TRACE_FORMATS)}")
+            raise ConfigError(f"{self.name} needs format=...; allowed: {', '.join(TRACE_FORMATS)}")
+        check_choice("format", fmt, TRACE_FORMATS)
         path = options.pop("path", None)
-        if path is None and default_file is None:
-            raise ConfigError(f"{name} needs path=... (the trace file to replay)")
-        path = resolve_data_file(default_file or "", path)
-        default = PoissonArrivals(DEFAULT_RATE_RPS) if fmt == "lengths" else None
+        if path is None and self.dataset is None:
+            raise ConfigError(f"{self.name} needs path=... (the trace file to replay)")
+        file = locate(self.dataset) if path is None else path
+        default = None if TRACE_FORMATS[fmt].has_timestamps else PoissonArrivals(DEFAULT_RATE_RPS)
         arrivals = _pop_arrivals(options, default)
-        if default_file is not None:
-            options.setdefault("task_name", name)
-        return TraceWorkload(path=str(path), format=fmt, arrivals=arrivals, **options)
-
-    build.__doc__ = f"Trace workload {name!r} (format {format or 'given'})."
-    return build
+        if self.dataset is not None and TRACE_FORMATS[fmt].task_column is None:
+            options.setdefault("task_name", self.name)
+        return TraceWorkload(path=str(file), format=fmt, arrivals=arrivals,
+                             dataset=self.dataset if path is None else None, **options)
 
 
 _CORPUS_KEYS = ("path", "task_filter", "split", "test_fraction", "max_prompt_tokens",
@@ -111,22 +147,30 @@ def _corpus(**options) -> Workload:
     return CorpusWorkload(arrivals=arrivals, **options)
 
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {
-    "corpus": _corpus,
-    "task_mix": _task_mix,
-    "azure_conv": _trace_factory("azure_conv", "azure", "traces/azure_llm_2023_conv.csv"),
-    "sharegpt": _trace_factory("sharegpt", "lengths",
-                               "traces/sharegpt_lengths_llama2_tokenizer.csv"),
-    "arxiv_summarization": _trace_factory(
-        "arxiv_summarization", "lengths",
-        "traces/arxiv_summarization_lengths_llama2_tokenizer.csv"),
-    "mooncake": _trace_factory("mooncake", "mooncake", None),
-    "burstgpt": _trace_factory("burstgpt", "burstgpt", None),
-    "trace": _trace_factory("trace", None, None),
+WORKLOADS: dict[str, _Generated | _Trace] = {
+    "corpus": _Generated(_corpus),
+    "task_mix": _Generated(_task_mix),
+    **{name: _Trace(name, ds.format, name) for name, ds in trace_datasets().items()},
+    "mooncake": _Trace("mooncake", "mooncake"),
+    "burstgpt": _Trace("burstgpt", "burstgpt"),
+    "trace": _Trace("trace", None),
 }
-"""Names accepted by ``make_workload``; the shipped traces resolve under the data directory."""
+"""Names accepted by ``make_workload``: the generated workloads, every registered trace
+(``data.DATASETS``, found under the data directories) and the readers of your own files."""
 
 
 def make_workload(name: str, **options) -> Workload:
     """Build the workload ``name`` with ``options`` (validated; errors list what is allowed)."""
     return lookup("workload", WORKLOADS, name)(**options)
+
+
+def uses_synthetic_arrivals(name: str, options: Mapping | None = None) -> bool:
+    """True when workload ``name`` (with ``options``, which may choose a trace's ``format``)
+    has no timestamps of its own, so its arrivals come from an arrival process: the generated
+    workloads and length-only traces. (Any workload takes arrival options that override.)"""
+    return not lookup("workload", WORKLOADS, name).replays_timestamps(dict(options or {}))
+
+
+def synthetic_arrival_workloads() -> tuple[str, ...]:
+    """Workload names whose arrivals are synthetic with their default options."""
+    return tuple(n for n in WORKLOADS if uses_synthetic_arrivals(n))

@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..data.formats import TRACE_FORMATS, ZERO_TOKEN_POLICIES
+from ..data.traces import TraceData, read_trace
 from ..limits import MAX_TOKENS, MIN_RATE_RPS
 from .arrivals import START_CHOICES, ArrivalProcess, trace_window
 from .batch import RequestBatch
-from .trace_readers import TRACE_FORMATS, ZERO_TOKEN_POLICIES, TraceData, read_trace
 
 
 @lru_cache(maxsize=32)
@@ -62,7 +63,7 @@ class _Rows:
 
 @dataclass(frozen=True)
 class TraceWorkload:
-    """Episodes drawn from a trace file (formats: ``trace_readers.TRACE_FORMATS``)."""
+    """Episodes drawn from a trace file (formats: ``data.TRACE_FORMATS``)."""
 
     path: str
     """The trace file."""
@@ -82,6 +83,8 @@ class TraceWorkload:
     """Rows with 0 tokens: "error" or "drop"; None = the format's default (drop for burstgpt)."""
     task_name: str | None = None
     """Name of the single task of a one-application trace (default: the file's stem)."""
+    dataset: str | None = None
+    """The registered dataset ``path`` holds (``data.DATASETS``); None for a file of your own."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(self.path))
@@ -159,7 +162,8 @@ class TraceWorkload:
         return RequestBatch.from_arrays(
             times, rows.prompt_tokens[idx], rows.decode_tokens[idx], rows.task_id[idx],
             self.task_names,
-            meta={"workload": "trace", "path": self.path, "format": self.format,
+            meta={"workload": "trace", "path": self.path, "dataset": self.dataset,
+                  "format": self.format,
                   "rate_scale": self.rate_scale, "first_row": int(idx[0]) if n else None,
                   "wrapped": n > num_rows, "rows": num_rows,
                   "filtered_rows": rows.filtered_rows,

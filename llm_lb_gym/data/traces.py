@@ -1,27 +1,21 @@
-"""Readers for request traces: parse a file once into columns, reject anything malformed.
+"""Reading request traces: parse a file once into columns, reject anything malformed.
 
-Formats (``TRACE_FORMATS``):
-- ``azure``: Azure LLM inference trace 2023 CSV, ``TIMESTAMP, ContextTokens, GeneratedTokens``;
-  timestamps are wall-clock datetimes with 7 fractional digits (parsed by numpy as ns). A
-  trailing UTC offset (``Z``, ``+00:00``, ``+05:30``, ``-0800``, ``+01``) is applied, so rows
-  written in different zones order correctly; a datetime without one is taken as UTC (the
-  published trace has none); an offset of 24 h or more is an error.
-- ``lengths``: length-only CSV (Sarathi/Vidur exports), ``num_prefill_tokens,
-  num_decode_tokens``; no timestamps, so a workload pairs it with a synthetic arrival process.
-- ``mooncake``: JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length``.
-- ``burstgpt``: BurstGPT CSV, ``Timestamp`` (s), ``Model``, ``Request tokens``,
-  ``Response tokens``; the model name becomes the request's task (application) name.
-Other columns or fields are ignored.
+One reader serves every layout in ``formats.TRACE_FORMATS`` (azure, lengths, mooncake,
+burstgpt): the format's entry names the container, the columns, the time unit, the task column
+and the zero-token rule. Other columns or fields are ignored. Wall-clock timestamps (``azure``;
+the published trace has 7 fractional digits, parsed by numpy as ns) may end in a UTC offset
+(``Z``, ``+00:00``, ``+05:30``, ``-0800``, ``+01``), which is applied, so rows written in
+different zones order correctly; a datetime without one is taken as UTC (the published trace
+has none); an offset of 24 h or more is an error.
 
 Every value is checked: a missing column, an unparsable or non-integral number, a negative
 count, a count above ``limits.MAX_TOKENS`` (2**31 - 1) or an unparsable timestamp raises
-``TraceFormatError`` naming the file, the line and the column. Zero token counts are a policy (``zero_tokens``): BurstGPT logs failed requests as rows
-with 0 response tokens, so that format drops zero-count rows by default and counts them in
-``TraceData.dropped_zero_rows``; for every other format a zero is an error by default (the
-Azure conversation trace has none: GeneratedTokens >= 7 in all 19,366 rows), and
-``zero_tokens="drop"`` opts into dropping. Rows are sorted by timestamp (stable) if the file is
-not; arrivals are seconds from the earliest row, at most ``limits.MAX_ARRIVAL_S`` (1e9 s,
-about 31.7 years; a later row is an error).
+``TraceFormatError`` naming the file, the line and the column. Zero token counts are a policy
+(``zero_tokens``): the format's default (``drop`` for BurstGPT, whose failed requests have 0
+response tokens; ``error`` for the others), or ``zero_tokens="drop"`` / ``"error"``; dropped
+rows are counted in ``TraceData.dropped_zero_rows``. Rows are sorted by timestamp (stable) if
+the file is not; arrivals are seconds from the earliest row, at most ``limits.MAX_ARRIVAL_S``
+(1e9 s, about 31.7 years; a later row is an error).
 """
 
 from __future__ import annotations
@@ -37,20 +31,7 @@ import numpy as np
 
 from .._validate import check_choice
 from ..limits import MAX_ARRIVAL_S, MAX_TOKENS
-
-TRACE_FORMATS = ("azure", "lengths", "mooncake", "burstgpt")
-ZERO_TOKEN_POLICIES = ("error", "drop")
-DEFAULT_ZERO_TOKENS = {"azure": "error", "lengths": "error", "mooncake": "error",
-                       "burstgpt": "drop"}
-"""Zero-count policy per format when none is given (see the module docstring)."""
-
-_CSV_COLUMNS = {
-    "azure": {"time": "TIMESTAMP", "prompt": "ContextTokens", "decode": "GeneratedTokens"},
-    "lengths": {"prompt": "num_prefill_tokens", "decode": "num_decode_tokens"},
-    "burstgpt": {"time": "Timestamp", "task": "Model", "prompt": "Request tokens",
-                 "decode": "Response tokens"},
-}
-_JSON_FIELDS = {"time": "timestamp", "prompt": "input_length", "decode": "output_length"}
+from .formats import TIME_UNITS, TRACE_FORMATS, ZERO_TOKEN_POLICIES, TraceFormat
 
 
 class TraceFormatError(ValueError):
@@ -231,7 +212,10 @@ def _read_csv(path: Path, columns: dict[str, str]) -> tuple[dict[str, list[str]]
     return out, np.asarray(lines, dtype=np.int64)
 
 
-def _read_jsonl(path: Path, fields: dict[str, str]) -> tuple[dict[str, list], np.ndarray]:
+def _read_jsonl(path: Path, fields: dict[str, str],
+                text_fields: frozenset = frozenset()) -> tuple[dict[str, list], np.ndarray]:
+    """The named fields of every JSON object (numbers, or strings for ``text_fields``), plus
+    each object's line number."""
     out: dict[str, list] = {name: [] for name in fields.values()}
     lines: list[int] = []
     with open(path, encoding="utf-8") as f:
@@ -248,65 +232,77 @@ def _read_jsonl(path: Path, fields: dict[str, str]) -> tuple[dict[str, list], np
                 if name not in record:
                     raise TraceFormatError(path, number, name, "missing field")
                 value = record[name]
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                if name in text_fields:
+                    if not isinstance(value, str):
+                        raise TraceFormatError(path, number, name, f"{value!r} is not a string")
+                elif isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise TraceFormatError(path, number, name, f"{value!r} is not a number")
                 out[name].append(value)
             lines.append(number)
     return out, np.asarray(lines, dtype=np.int64)
 
 
+def _parse_times(path, fmt: TraceFormat, values, lines: np.ndarray) -> np.ndarray:
+    """Seconds (float64, absolute; the caller subtracts the earliest) in the format's unit."""
+    if fmt.time_unit == "datetime":
+        return _parse_datetimes(path, fmt.time_column, values, lines)
+    return _parse_floats(path, fmt.time_column, values, lines) * TIME_UNITS[fmt.time_unit]
+
+
+def _parse_tasks(path, fmt: TraceFormat, values, lines: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
+    """Sorted distinct task names and each row's index into them; an empty name is an error."""
+    names = np.asarray([str(v).strip() for v in values])
+    empty = np.flatnonzero(names == "")
+    if len(empty):
+        raise TraceFormatError(path, int(lines[empty[0]]), fmt.task_column, "empty value")
+    task_names, task_id = np.unique(names, return_inverse=True)
+    return tuple(str(t) for t in task_names), task_id.astype(np.int64)
+
+
 def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) -> TraceData:
-    """Parse ``path`` in ``format`` (see the module docstring); raises on anything malformed."""
+    """Parse ``path`` in ``format`` (a key of ``TRACE_FORMATS``; see the module docstring);
+    raises ``TraceFormatError`` (file, line, column) on anything malformed."""
     check_choice("format", format, TRACE_FORMATS)
-    zero_tokens = DEFAULT_ZERO_TOKENS[format] if zero_tokens is None else zero_tokens
+    fmt = TRACE_FORMATS[format]
+    zero_tokens = fmt.zero_tokens if zero_tokens is None else zero_tokens
     check_choice("zero_tokens", zero_tokens, ZERO_TOKEN_POLICIES)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"trace file not found: {path}")
-    names = _JSON_FIELDS if format == "mooncake" else _CSV_COLUMNS[format]
-    raw, lines = _read_jsonl(path, names) if format == "mooncake" else _read_csv(path, names)
+    names = fmt.columns
+    if fmt.container == "jsonl":
+        text = frozenset({fmt.task_column} - {None})
+        raw, lines = _read_jsonl(path, names, text)
+    else:
+        raw, lines = _read_csv(path, names)
     if len(lines) == 0:
-        raise TraceFormatError(path, 2, names["prompt"], "no data rows")
+        raise TraceFormatError(path, 2, fmt.prompt_column, "no data rows")
 
-    prompt = _parse_tokens(path, names["prompt"], raw[names["prompt"]], lines)
-    decode = _parse_tokens(path, names["decode"], raw[names["decode"]], lines)
+    prompt = _parse_tokens(path, fmt.prompt_column, raw[fmt.prompt_column], lines)
+    decode = _parse_tokens(path, fmt.decode_column, raw[fmt.decode_column], lines)
     zero = (prompt == 0) | (decode == 0)
     if zero.any() and zero_tokens == "error":
         i = int(np.flatnonzero(zero)[0])
-        column = names["prompt"] if prompt[i] == 0 else names["decode"]
+        column = fmt.prompt_column if prompt[i] == 0 else fmt.decode_column
         raise TraceFormatError(path, int(lines[i]), column,
                                "0 tokens; pass zero_tokens='drop' to skip such rows")
-
-    arrival = None
-    if format == "azure":
-        arrival = _parse_datetimes(path, names["time"], raw[names["time"]], lines)
-    elif format == "mooncake":
-        arrival = _parse_floats(path, names["time"], raw[names["time"]], lines) * 1e-3
-    elif format == "burstgpt":
-        arrival = _parse_floats(path, names["time"], raw[names["time"]], lines)
-
-    if format == "burstgpt":
-        models = np.asarray([m.strip() for m in raw[names["task"]]])
-        empty = np.flatnonzero(models == "")
-        if len(empty):
-            raise TraceFormatError(path, int(lines[empty[0]]), names["task"], "empty value")
-        task_names, task_id = np.unique(models, return_inverse=True)
-        task_names = tuple(str(t) for t in task_names)
+    arrival = None if not fmt.has_timestamps else _parse_times(path, fmt, raw[fmt.time_column], lines)
+    if fmt.task_column is not None:
+        task_names, task_id = _parse_tasks(path, fmt, raw[fmt.task_column], lines)
     else:
         task_names, task_id = (path.stem,), np.zeros(len(lines), dtype=np.int64)
 
-    keep = ~zero
-    order = np.flatnonzero(keep)
+    order = np.flatnonzero(~zero)
     if arrival is not None:
         order = order[np.argsort(arrival[order], kind="stable")]
     if len(order) == 0:
-        raise TraceFormatError(path, int(lines[0]), names["decode"],
+        raise TraceFormatError(path, int(lines[0]), fmt.decode_column,
                                "every row has 0 tokens; nothing left after dropping them")
     if arrival is not None:
         arrival = arrival[order] - arrival[order[0]]
-        _check_span(path, names["time"], arrival, raw[names["time"]], lines, order)
+        _check_span(path, fmt.time_column, arrival, raw[fmt.time_column], lines, order)
         arrival.setflags(write=False)
-    columns = [prompt[order], decode[order], np.asarray(task_id, np.int64)[order], lines[order]]
+    columns = [prompt[order], decode[order], task_id[order], lines[order]]
     for c in columns:
         c.setflags(write=False)
     return TraceData(str(path), format, arrival, *columns[:3], task_names, columns[3],

@@ -1,4 +1,4 @@
-"""Reading a prompt/response corpus and splitting it by prompt.
+"""Reading a prompt/response corpus and splitting it by prompt; reading token-length tables.
 
 The predictors learn from real prompts and the lengths of real responses. The corpus is JSONL
 (optionally gzipped), one object a line with at least ``prompt``, ``task_type`` and
@@ -31,11 +31,12 @@ import numpy as np
 
 from .._validate import check_choice, check_range
 from ..limits import MAX_TOKENS
-from ..workload.data_dir import default_data_dir
+from .store import dataset_path
 
 REQUIRED_FIELDS = ("prompt", "task_type", "response_tokens_wordpiece")
 SPLITS = ("train", "test", "all")
-DEFAULT_CORPUS = "text/prompts_responses.jsonl.gz"
+DEFAULT_CORPUS = "prompts_responses"
+"""The registered corpus (``registry.DATASETS``) read when no path is given."""
 
 
 class CorpusError(ValueError):
@@ -43,8 +44,9 @@ class CorpusError(ValueError):
 
 
 def default_corpus_path() -> Path:
-    """``text/prompts_responses.jsonl.gz`` under ``$LLM_LB_GYM_DATA`` or ``<repo>/../shared/data``."""
-    return default_data_dir() / DEFAULT_CORPUS
+    """Where the registered corpus is on this machine, or would be once fetched (not checked;
+    ``store.locate(DEFAULT_CORPUS)`` checks it and says how to get it)."""
+    return dataset_path(DEFAULT_CORPUS)
 
 
 @dataclass(frozen=True)
