@@ -93,8 +93,6 @@ def write_run_record(out: Path, cfg, **extra) -> None:
     """Resolved config, command line and seed, as rl-baselines3-zoo keeps them. A sweep job's
     command is the single run that repeats it (its own overrides), with the sweep's folder and
     job number beside it."""
-    import shlex
-
     from omegaconf import OmegaConf
 
     out.mkdir(parents=True, exist_ok=True)
@@ -103,11 +101,11 @@ def write_run_record(out: Path, cfg, **extra) -> None:
     argv = job["argv"] if job else sys.argv
     script = Path(argv[0]) if argv else Path("?")
     if script.suffix == ".py" and script.parent.name == "experiments":   # run as python -m
-        command = shlex.join(["python", "-m", f"experiments.{script.stem}"] + argv[1:])
+        command = " ".join(["python", "-m", f"experiments.{script.stem}"] + argv[1:])
     elif argv and argv[0].startswith("llm-lb-gym "):   # experiments.cli sets argv[0]
-        command = " ".join([argv[0], *map(shlex.quote, argv[1:])])
+        command = " ".join(argv)
     else:
-        command = shlex.join(["python"] + argv)
+        command = " ".join(["python"] + argv)
     record = {"command": command, "argv": argv, "seed": cfg.get("seed"), **extra}
     if job:
         record["sweep"] = {"dir": job["dir"], "job": job["num"]}
