@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable, Mapping
 
-from .._validate import ConfigError, check_choice, lookup, reject_unknown
+from .._validate import ConfigError, check_choice, check_range, lookup, reject_unknown
 from ..data.formats import TRACE_FORMATS
 from ..data.registry import trace_datasets
 from ..data.store import locate
+from ..limits import MIN_RATE_RPS
 from .arrivals import ArrivalProcess, DeterministicArrivals, GammaArrivals, PoissonArrivals
 from .base import Workload
 from .task_mix import TaskMixWorkload
@@ -122,6 +123,8 @@ class _Trace:
         path = options.pop("path", None)
         if path is None and self.dataset is None:
             raise ConfigError(f"{self.name} needs path=... (the trace file to replay)")
+        if "rate_scale" in options:   # option errors before a missing data file's message
+            check_range("rate_scale", options["rate_scale"], MIN_RATE_RPS)
         file = locate(self.dataset) if path is None else path
         default = None if TRACE_FORMATS[fmt].has_timestamps else PoissonArrivals(DEFAULT_RATE_RPS)
         arrivals = _pop_arrivals(options, default)
