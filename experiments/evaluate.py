@@ -114,7 +114,7 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     for name, kind, spec in deciders:
         bar.set_postfix_str(name, refresh=False)
         if kind == "router":
-            router = make_env_router(name, env.unwrapped, **(to_container(cfg.get("policy_options", {})).get(name, {}) if cfg.get("policy_options") else {}))
+            router = make_env_router(name, env.unwrapped, **policy_options(cfg).get(name, {}))
             run = lambda s: rollout_router(env, router, s)  # noqa: E731
         else:
             agent, agent_env = _load_agent(spec, kw, env)
@@ -151,6 +151,14 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     say(table)
     say(f"results: {out}")
     return {"rows": rows, "table": table, "out": out, "warning": warning, "workload": workload}
+
+
+def policy_options(cfg) -> dict:
+    """Each router's options: the setting's tuned ones (``eval.policy_options``, where
+    experiments put them, as for training's evaluation), each policy's entry replaced by one
+    given in ``policy_options`` (the command line's)."""
+    setting = to_container((cfg.get("eval") or {}).get("policy_options")) or {}
+    return {**setting, **(to_container(cfg.get("policy_options")) or {})}
 
 
 def _load_agent(spec: dict, kw: dict, env):

@@ -194,7 +194,6 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
         ecfg.policies = list(cfg.policies if cfg.policies is not None
                              else exp_eval.get("policies", ecfg.policies))
         ecfg.policies += [p for p in (cfg.get("extra_policies") or []) if p not in ecfg.policies]
-        ecfg.policy_options = to_container(exp_eval.get("policy_options")) or {}
         ecfg.plot = bool(exp_eval.get("plot", True))
         ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"], "env": v.get("env") or {}}
                        for k, v in trained.items()}
@@ -262,7 +261,6 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
         ecfg.env.num_requests = int(int(ecfg.env.num_requests) * factor)
         ecfg.episodes = int(spec.get("episodes") or exp_eval.get("episodes", 10))
         ecfg.policies = list(spec.policies)
-        ecfg.policy_options = to_container(exp_eval.get("policy_options")) or {}
         ecfg.plot = False
         tr = src["trained"][spec.variant]
         ecfg.agents = {f"{spec.variant}_m{spec.num_instances}": {

@@ -160,3 +160,17 @@ def test_joblib_sweep_of_two_jobs(tmp_path):
     assert len(runs) == 2
     seeds = sorted(json.loads((r / "run.json").read_text())["seed"] for r in runs)
     assert seeds == [0, 1]
+
+
+def test_evaluate_uses_the_settings_tuned_router_options():
+    """``experiments.evaluate experiment=X`` runs X's tuned options (its eval.policy_options),
+    and a command-line ``policy_options.<router>`` replaces that router's entry."""
+    from experiments.evaluate import policy_options
+
+    default = policy_options(_compose("evaluate", []))["late_binding"]
+    near = policy_options(_compose("evaluate", ["experiment=v100_near_capacity"]))["late_binding"]
+    assert default["period_s"] == 0.2 and default["reserve"] == "prompt"
+    assert near["period_s"] == 1.0 and near["reserve"] == "full"
+    given = policy_options(_compose("evaluate", ["experiment=v100_near_capacity",
+                                                 "policy_options={late_binding: {period_s: 0.5}}"]))
+    assert given["late_binding"] == {"period_s": 0.5}
