@@ -86,7 +86,7 @@ def describe_workload(workload, with_arrivals: bool = True) -> str:
         text = f"trace {workload.path} ({workload.format}{dataset})"
         if workload.arrivals is None:
             return f"{text} at rate_scale {workload.rate_scale:g}"
-        text += " lengths"
+        text += " token counts"   # the trace's lengths under a synthetic arrival process
     elif isinstance(workload, TaskMixWorkload):
         text = "task mix"
     elif isinstance(workload, CorpusWorkload):
