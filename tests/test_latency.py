@@ -128,9 +128,10 @@ def test_v100_fit_hits_the_paper_figures_from_any_a100_fit() -> None:
 def test_interference_readings_differ_and_are_validated() -> None:
     lat = get_preset("llama2-7b-v100").latency
     alone = lat.isolated_request_s(1000, 1000)
-    by_iterations = paper.interference_s(lat, "iterations")
-    assert alone < by_iterations < paper.interference_s(lat, "wall_clock")
-    with pytest.raises(ValueError, match="reading.*iterations, wall_clock"):
+    by_iterations, by_clock = paper.interference_s(lat, "iterations"), paper.interference_s(lat, "wall_clock")
+    assert paper.interference_s(lat) == by_clock   # the fitted reading is the default
+    assert alone + 5.0 < by_iterations < by_clock - 2.0   # measured: 17.0, 25.2, 31.0 s
+    with pytest.raises(ValueError, match="reading.*wall_clock, iterations"):
         paper.interference_s(lat, "decode_steps")
 
 

@@ -205,11 +205,11 @@ _CPU = dict(cpu_base_s=9.433e-4, cpu_seq_s=4.918e-5)
 
 register_preset(HardwarePreset(
     "llama2-7b-v100", "llama2-7b", "v100",
-    LatencyModel(base_s=0.0128, token_s=1.101e-4, compute_token_s=2.157e-4, knee_tokens=165.2,
-                 prefill_attn_s=1.962e-8, decode_seq_s=0.0, decode_ctx_s=1.868e-6, **_CPU),
+    LatencyModel(base_s=0.01444, token_s=1.101e-4, compute_token_s=2.157e-4, knee_tokens=165.2,
+                 prefill_attn_s=1.962e-8, decode_seq_s=0.0, decode_ctx_s=7.711e-7, **_CPU),
     source=("fitted to the paper's three V100 figures (arXiv 2408.13510: grad1 3.2e-4 s/token as the "
             "all-in prefill slope over prompts 1-1,000; 1,000/1,000 alone 17 s; 31 s with a 500/500 "
-            "request joining every 50th iteration) from the llama2-7b-a100 fit: compute terms, base_s "
+            "request arriving every 50 lone-request iterations) from the llama2-7b-a100 fit: compute terms, base_s "
             "and decode attention scaled by one factor each, knee by the ridge-point ratio, A100-host "
             "CPU terms; experiments/paper_v100.py via experiments/calibrate.py, docs/calibration.md"),
 ))
