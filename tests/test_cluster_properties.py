@@ -23,7 +23,7 @@ from llm_lb_gym.sim.latency import LatencyModel
 from llm_lb_gym.sim.request import REJECT_REASONS, Status
 from llm_lb_gym.workload.batch import RequestBatch
 
-LAT = LatencyModel(base_s=0.01, prefill_token_s=2e-4, prefill_attn_s=1e-8, decode_seq_s=1e-4,
+LAT = LatencyModel(base_s=0.01, token_s=2e-4, prefill_attn_s=1e-8, decode_seq_s=1e-4,
                    decode_ctx_s=5e-7)
 SCHEME = BucketScheme((32, 128))
 

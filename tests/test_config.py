@@ -39,7 +39,7 @@ def test_other_config_errors():
     with pytest.raises(ConfigError, match=r"unknown engine option\(s\): shceduler; allowed: .*scheduler"):
         EnvConfig(engine={"shceduler": "fcfs"})
     with pytest.raises(ConfigError, match=r"latency\.decode_ctx_s"):
-        LatencyModel(0.01, 1e-4, 0.0, 1e-4, -1e-6)
+        LatencyModel(base_s=0.01, token_s=1e-4, decode_seq_s=1e-4, decode_ctx_s=-1e-6)
 
 
 def test_kv_capacity_is_derived_from_memory():

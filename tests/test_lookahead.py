@@ -21,7 +21,7 @@ from llm_lb_gym.sim.latency import LatencyModel
 from llm_lb_gym.sim.request import Status
 from llm_lb_gym.workload.batch import RequestBatch
 
-LAT = LatencyModel(base_s=0.02, prefill_token_s=2e-4, prefill_attn_s=0.0, decode_seq_s=1e-3,
+LAT = LatencyModel(base_s=0.02, token_s=2e-4, prefill_attn_s=0.0, decode_seq_s=1e-3,
                    decode_ctx_s=1e-5)
 SCHEME = BucketScheme((32, 128))
 

@@ -25,8 +25,9 @@ from llm_lb_gym.sim.request import Status
 from llm_lb_gym.sim.simulate import poisson_batch
 from llm_lb_gym.workload.batch import RequestBatch
 
-SIMPLE = LatencyModel(base_s=1.0, prefill_token_s=0.125, prefill_attn_s=0.0,
-                      decode_seq_s=0.25, decode_ctx_s=0.0)
+# Decode of B sequences: 1 + B/8 (one batched token each) + B/8 (per decode sequence) = 1 + B/4.
+SIMPLE = LatencyModel(base_s=1.0, token_s=0.125, prefill_attn_s=0.0,
+                      decode_seq_s=0.125, decode_ctx_s=0.0)
 
 
 def cfg(m: int, num_kv_blocks: int = 1000, **engine) -> ClusterConfig:

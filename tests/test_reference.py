@@ -19,12 +19,14 @@ from llm_lb_gym.sim.config import EngineConfig
 from llm_lb_gym.sim.latency import LatencyModel
 from llm_lb_gym.sim.reference import RefRequest, simulate_reference
 
-# Prefill of P tokens: 1 + P/8.  Decode of B sequences: 1 + B/4.
-SIMPLE = LatencyModel(base_s=1.0, prefill_token_s=0.125, prefill_attn_s=0.0,
-                      decode_seq_s=0.25, decode_ctx_s=0.0)
-# Adds the quadratic prefill term (1/256 per pair) and the decode context term (1/32 per token).
-FULL = LatencyModel(base_s=1.0, prefill_token_s=0.125, prefill_attn_s=1 / 256,
-                    decode_seq_s=0.25, decode_ctx_s=1 / 32)
+# Prefill of P tokens: 1 + P/8.  Decode of B sequences: 1 + B/4 (each decode sequence is one
+# batched token at 1/8 plus 1/8 per decode sequence). No knee, no CPU terms.
+SIMPLE = LatencyModel(base_s=1.0, token_s=0.125, prefill_attn_s=0.0,
+                      decode_seq_s=0.125, decode_ctx_s=0.0)
+# Adds the causal prefill attention term (1/256 per pair: a whole prompt of L tokens has
+# L (L + 1) / 2 pairs) and the decode context term (1/32 per token).
+FULL = LatencyModel(base_s=1.0, token_s=0.125, prefill_attn_s=1 / 256,
+                    decode_seq_s=0.125, decode_ctx_s=1 / 32)
 
 
 def engine(num_kv_blocks=100, watermark=0.0, latency=SIMPLE, **kw) -> EngineConfig:
@@ -51,14 +53,14 @@ def assert_times(results, expected):
 
 def test_one_request_alone():
     # p=8, d=4, routed at 2.0; FULL latency.
-    # prefill  s=2.0:  1 + 8/8 + 64/256          = 2.25     -> 4.25 (first token, o=1)
-    # decode   s=4.25: 1 + 1/4 + (8+1)/32        = 1.53125  -> 5.78125 (o=2)
-    # decode:          1 + 1/4 + (8+2)/32        = 1.5625   -> 7.34375 (o=3)
-    # decode:          1 + 1/4 + (8+3)/32        = 1.59375  -> 8.9375  (o=4 = d, finish)
-    # TBT = (8.9375 - 4.25) / 3 = 1.5625. Blocks: 2 after prefill, 3 from the first decode on.
+    # prefill  s=2.0:  1 + 8/8 + (8*9/2=36)/256    = 2.140625 -> 4.140625 (first token, o=1)
+    # decode   s=4.140625: 1 + 1/4 + (8+1)/32    = 1.53125  -> 5.671875 (o=2)
+    # decode:          1 + 1/4 + (8+2)/32        = 1.5625   -> 7.234375 (o=3)
+    # decode:          1 + 1/4 + (8+3)/32        = 1.59375  -> 8.828125 (o=4 = d, finish)
+    # TBT = (8.828125 - 4.140625) / 3 = 1.5625. Blocks: 2 after prefill, 3 from the first decode on.
     cfg = engine(latency=FULL)
     results, stats = simulate_reference([req(0, 2.0, 8, 4)], cfg)
-    assert_times(results, [(2.0, 4.25, 8.9375, 0)])
+    assert_times(results, [(2.0, 4.140625, 8.828125, 0)])
     r = results[0]
     assert (r.finish_s - r.first_token_s) / 3 == pytest.approx(1.5625, rel=1e-12)
     assert r.finish_s - 2.0 == pytest.approx(FULL.isolated_request_s(8, 4), rel=1e-12)
@@ -113,23 +115,25 @@ def test_kv_shortage_request_preempts_itself():
 
 
 def test_chunked_prefill_splits_long_prompt_under_budget():
-    # Chunked, budget 8 tokens, FULL latency without the context term (pairs at 1/256).
+    # Chunked, budget 8 tokens, FULL latency without the context term (pairs at 1/256; a chunk
+    # of c after q cached tokens has c*q + c(c+1)/2 causal pairs). N = chunk tokens + decodes.
     # A: p=4, d=5 at 0.  B: p=20, d=3 at 0.5.
-    # s=0       admit A, chunk min(4, 8)=4: 1 + 4/8 + 4*4/256 = 1.5625 -> 1.5625 (A o=1)
-    # s=1.5625  decode A (1 token, 7 left); admit B, chunk 7, pairs 7*(0+7)=49:
-    #           1 + 1/4 + 7/8 + 49/256 = 2.31640625 -> 3.87890625 (A o=2, B done 7)
-    # s=3.87890625  decode A; B chunk 7, pairs 7*(7+7)=98:
-    #           1 + 1/4 + 7/8 + 98/256 = 2.5078125 -> 6.38671875 (A o=3, B done 14)
-    # s=6.38671875  decode A; B chunk min(6, 7)=6, pairs 6*(14+6)=120:
-    #           1 + 1/4 + 6/8 + 120/256 = 2.46875 -> 8.85546875 (A o=4; B prefill done, o=1)
-    # s=8.85546875  decode A,B: 1 + 2/4 = 1.5 -> 10.35546875 (A o=5 = d finishes; B o=2)
-    # s=10.35546875 decode B: 1.25 -> 11.60546875 (B o=3 = d)
-    lat = LatencyModel(base_s=1.0, prefill_token_s=0.125, prefill_attn_s=1 / 256,
-                       decode_seq_s=0.25, decode_ctx_s=0.0)
+    # s=0       admit A, chunk min(4, 8)=4, pairs 4*5/2=10: 1 + 4/8 + 10/256 = 1.5390625 (A o=1)
+    # s=1.5390625  decode A (1 token, 7 left); admit B, chunk 7, pairs 0 + 7*8/2 = 28:
+    #           1 + (7+1)/8 + 1/8 + 28/256 = 2.234375 -> 3.7734375 (A o=2, B done 7)
+    # s=3.7734375  decode A; B chunk 7, pairs 7*7 + 28 = 77:
+    #           1 + 8/8 + 1/8 + 77/256 = 2.42578125 -> 6.19921875 (A o=3, B done 14)
+    # s=6.19921875  decode A; B chunk min(6, 7)=6, pairs 6*14 + 21 = 105:
+    #           1 + 7/8 + 1/8 + 105/256 = 2.41015625 -> 8.609375 (A o=4; B prefill done, o=1)
+    # s=8.609375  decode A,B: 1 + 2/4 = 1.5 -> 10.109375 (A o=5 = d finishes; B o=2)
+    # s=10.109375 decode B: 1.25 -> 11.359375 (B o=3 = d)
+    # B's pairs 28 + 77 + 105 = 210 = 20*21/2: the same attention work as one 20-token prefill.
+    lat = LatencyModel(base_s=1.0, token_s=0.125, prefill_attn_s=1 / 256,
+                       decode_seq_s=0.125, decode_ctx_s=0.0)
     cfg = engine(latency=lat, chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4)
     results, stats = simulate_reference([req(0, 0.0, 4, 5), req(1, 0.5, 20, 3)], cfg)
-    assert_times(results, [(0.0, 1.5625, 10.35546875, 0),
-                           (1.5625, 8.85546875, 11.60546875, 0)])
+    assert_times(results, [(0.0, 1.5390625, 10.109375, 0),
+                           (1.5390625, 8.609375, 11.359375, 0)])
     assert stats.iterations == 6
 
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 from .._validate import ConfigError, check_bool, check_choice, check_int, check_range
 from ..limits import MAX_CONTEXT_TOKENS, MAX_TOKENS
+from .batching import SCHEDULERS
 from .latency import HardwarePreset, LatencyModel, get_preset
-
-SCHEDULERS = ("fcfs", "least_work_left", "bin_packing")
 
 
 @dataclass(frozen=True)
@@ -39,9 +38,16 @@ class EngineConfig:
     chunked_prefill: bool = False
     """Mix decodes and prefill chunks in one iteration under a token budget (vLLM v1, Sarathi)."""
     scheduler: str = "fcfs"
-    """Order of admission from the waiting queue: fcfs, least_work_left, bin_packing."""
+    """Order of admission from the waiting queue: fcfs, least_work_left, bin_packing
+    (``sim/batching.py`` defines each)."""
     latency: LatencyModel | None = None
     """Override the preset's latency coefficients."""
+    cpu_overhead: bool = True
+    """Count the latency model's CPU overhead per iteration (``cpu_base_s + cpu_seq_s * n_seqs``:
+    scheduling, sampling, input preparation, output processing; presets without profiled CPU
+    overheads have zeros there). False models a GPU-bound engine whose CPU work overlaps the
+    forward pass (e.g. vLLM's async output processing / multi-step scheduling) and compares with
+    profile simulators that leave the CPU side out."""
 
     def __post_init__(self) -> None:
         self.hardware  # validates the preset name
@@ -57,6 +63,7 @@ class EngineConfig:
             check_int("engine.max_model_len", self.max_model_len, 2, MAX_CONTEXT_TOKENS)
         check_choice("engine.scheduler", self.scheduler, SCHEDULERS)
         check_bool("engine.chunked_prefill", self.chunked_prefill)
+        check_bool("engine.cpu_overhead", self.cpu_overhead)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:
             raise ConfigError(
                 f"engine.max_num_batched_tokens={self.token_budget} must be >= engine.max_num_seqs="
@@ -77,7 +84,10 @@ class EngineConfig:
 
     @property
     def latency_model(self) -> LatencyModel:
-        return self.latency if self.latency is not None else self.hardware.latency
+        """The coefficients every iteration time is computed from (engine, reference, ideal
+        latency): the override or the preset's, without the CPU terms if ``cpu_overhead`` is off."""
+        lat = self.latency if self.latency is not None else self.hardware.latency
+        return lat if self.cpu_overhead else lat.without_cpu()
 
     @property
     def context_len(self) -> int:

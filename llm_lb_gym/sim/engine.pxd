@@ -11,12 +11,14 @@ cdef class Engine:
     cdef public long n_finished, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
     cdef public long _st_G0
-    cdef public double c0, cp, ca, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
+    cdef public double c0, ct, cc, knee, ca, cps, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
     cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
-    cdef public object table, scheduler
+    cdef public object table, scheduler, _sort_key
+    cdef public bint _skip_unfit
     cdef public dict running
+    cdef public list dec_a
     cdef public list preempted_q, waiting_q, prefilling, fin_heap, phase_cnt
     cdef public list prompt_counts, decode_counts, sat_heap
 
@@ -61,6 +63,8 @@ cdef class Engine:
     cpdef _complete_prefill(self, long rid, double end)
     @cython.locals(s=double, toks=long, pairs=long, L=long, end=double)
     cpdef _prefill_iteration(self, list admitted)
+    @cython.locals(over=double)
+    cpdef double _batch_s(self, long n, long pairs, long nseq)
     @cython.locals(ph=long, bs=long)
     cpdef _grow_blocks(self)
     @cython.locals(G=long, now=double, seq=long, rid=long, o=long)

@@ -8,8 +8,9 @@ running sequence gains one token per decode iteration, in lockstep. So the engin
 decode-iteration counter ``G`` and stores, per running request, its generated tokens ``o_base``
 at counter ``g_base``; ``o(G) = o_base + G - g_base`` needs no per-iteration update. Aggregates
 make a stretch of k identical decode iterations O(1):
-- context sum ``S(G) = S_at + B (G - G_S)``, so k iterations last ``k a + c B k (k-1) / 2`` with
-  ``a = base + seq B + c S(G)`` and ``c = decode_ctx_s``;
+- context sum ``S(G) = S_at + B (G - G_S)``, so k iterations last ``k a + c k (k-1) / 2`` with
+  ``a = dec_a[B] + decode_ctx_s S(G)`` (``dec_a``: the decode iteration's terms that depend on
+  B only, tabulated at init) and ``c = decode_ctx_s B``;
 - a sequence needs a new block every ``block_size`` iterations at a fixed phase, so per-phase
   counts give the block demand of any stretch and the first iteration that runs out;
 - completions come from a heap keyed by the iteration in which each request ends;
@@ -25,6 +26,7 @@ import heapq
 import math
 from itertools import chain
 
+from .batching import get_policy
 from .config import EngineConfig
 from .request import RequestTable, Status
 
@@ -43,8 +45,13 @@ class Engine:
         self.table = table
         self.fast = fast
         self.check = check
-        self.c0, self.cp, self.ca = lat.base_s, lat.prefill_token_s, lat.prefill_attn_s
+        # Iteration-time coefficients (latency.py); the CPU terms are zero when cpu_overhead is off.
+        self.c0 = lat.base_s + lat.cpu_base_s
+        self.ct, self.cc, self.knee = lat.token_s, lat.compute_token_s, lat.knee_tokens
+        self.ca, self.cps = lat.prefill_attn_s, lat.cpu_seq_s
         self.cds, self.cdc = lat.decode_seq_s, lat.decode_ctx_s
+        # Decode iteration of B sequences = dec_a[B] + cdc * S: the part fixed by B, per B.
+        self.dec_a = [lat.decode_const_s(b) for b in range(cfg.max_num_seqs + 1)]
         self.bs = cfg.block_size
         self.total_blocks = cfg.total_blocks
         self.watermark = cfg.watermark_blocks
@@ -52,6 +59,9 @@ class Engine:
         self.budget = cfg.token_budget
         self.chunked = cfg.chunked_prefill
         self.scheduler = cfg.scheduler
+        policy = get_policy(cfg.scheduler)
+        self._sort_key = policy.key     # None: queue order (the waiting list is already sorted)
+        self._skip_unfit = policy.skip_unfit
         # Clock and KV state.
         self.t = 0.0            # the next iteration starts no earlier than this (end of the last)
         self.G = 0              # decode iterations run so far (lockstep counter)
@@ -291,7 +301,7 @@ class Engine:
         """Duration of a decode iteration of the current running batch."""
         if not self.B:
             return 0.0
-        return self.c0 + self.cds * self.B + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
+        return self.dec_a[self.B] + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
 
     def earliest_completion_s(self) -> float:
         """Predicted time until the first running request completes (0 when none runs)."""
@@ -447,14 +457,13 @@ class Engine:
 
     # ------------------------------------------------------------- scheduling
     def _order(self):
-        if self.scheduler == "fcfs":
+        """Preempted requests first, then the waiting ones in the batching policy's order."""
+        key = self._sort_key
+        if key is None:
             return chain(self.preempted_q, self.waiting_q)
         tb = self.table
-        if self.scheduler == "least_work_left":
-            key = lambda r: tb.pred[r] - tb.o_base[r]  # noqa: E731
-        else:   # bin_packing: largest first
-            key = lambda r: -(tb.prompt[r] + tb.o_base[r])  # noqa: E731
-        return chain(self.preempted_q, sorted(self.waiting_q, key=key))
+        return chain(self.preempted_q, sorted(
+            self.waiting_q, key=lambda r: key(tb.prompt[r], tb.o_base[r], tb.pred[r])))
 
     def _select(self, budget: int | None = None) -> list[int]:
         """Admit from the waiting queue (see the semantics doc); returns admitted ids.
@@ -467,7 +476,7 @@ class Engine:
         free = self.total_blocks - self.used
         nseq = self.B + len(self.prefilling)
         tokens = taken = 0
-        skip = self.scheduler == "bin_packing"
+        skip = self._skip_unfit
         out: list[int] = []
         for r in self._order():
             if nseq >= self.max_seqs or (budget is not None and budget <= 0):
@@ -492,7 +501,7 @@ class Engine:
         return out
 
     def _remove_waiting(self, out: list[int]) -> None:
-        if self.scheduler == "fcfs":
+        if self._sort_key is None and not self._skip_unfit:   # admitted = a prefix of the order
             k = len(self.preempted_q)
             if len(out) <= k:
                 del self.preempted_q[:len(out)]
@@ -530,9 +539,9 @@ class Engine:
         for r in admitted:
             L = tb.prompt[r] + tb.o_base[r]
             toks += L
-            pairs += L * L
+            pairs += L * (L + 1) // 2   # causal: a whole prompt, nothing cached
             self._start(r, s)
-        end = s + self.c0 + self.cp * toks + self.ca * pairs
+        end = s + self._batch_s(toks, pairs, len(admitted))
         self.t = end
         self._plan_dirty = True   # the clock moved under any decode stretch
         self.n_iterations += 1
@@ -541,6 +550,13 @@ class Engine:
             self._complete_prefill(r, end)
         if self.check:
             self._check()
+
+    def _batch_s(self, n: int, pairs: int, nseq: int) -> float:
+        """Iteration time of a prefill or mixed batch without its decode-attention terms:
+        ``n`` batched tokens, ``pairs`` causal prefill pairs, ``nseq`` sequences (latency.py)."""
+        over = n - self.knee
+        return (self.c0 + self.ct * n + (self.cc * over if over > 0.0 else 0.0)
+                + self.ca * pairs + self.cps * nseq)
 
     def _grow_blocks(self) -> None:
         """Give each running request that needs a block at this iteration one, preempting the
@@ -580,15 +596,16 @@ class Engine:
         if self.B:
             self._grow_blocks()
         budget = self.budget - self.B
-        toks = pairs = 0
+        toks = pairs = nchunks = 0
         completed: list[int] = []
         for r in self.prefilling:
             if budget <= 0:
                 break
+            nchunks += 1
             L, done = tb.prompt[r] + tb.o_base[r], tb.prefill_done[r]
             c = min(L - done, budget)
             toks += c
-            pairs += c * (done + c)
+            pairs += c * done + c * (c + 1) // 2   # causal pairs of a chunk after ``done`` cached
             tb.prefill_done[r] = done + c
             self.pending_prefill_tokens -= c
             budget -= c
@@ -599,12 +616,13 @@ class Engine:
             # Nothing can be admitted until a completion or preemption frees room. (While
             # prefills are in flight their chunks take budget, so admission is retried.)
             self._blocked = True
+        nchunks += len(new)
         for r in new:
             self._start(r, s)
             L = tb.prompt[r] + tb.o_base[r]
             c = min(L, budget)
             toks += c
-            pairs += c * c
+            pairs += c * (c + 1) // 2
             budget -= c
             tb.prefill_done[r] = c
             self.pending_prefill_tokens -= c
@@ -613,9 +631,10 @@ class Engine:
                 completed.append(r)
         if not self.B and not toks:
             return False
-        dur = self.c0 + self.cp * toks + self.ca * pairs
-        if self.B:
-            dur += self.cds * self.B + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
+        B = self.B
+        dur = self._batch_s(toks + B, pairs, nchunks + B)
+        if B:
+            dur += self.cds * B + self.cdc * (self.S_at + B * (self.G - self.G_S))
         self.t = s + dur
         self.n_iterations += 1
         self._plan_dirty = True
@@ -671,7 +690,7 @@ class Engine:
             stop = min(stop, G + 1)
         self._st_G0 = G
         self._st_t0 = t0 = self.t
-        self._st_a = a = self.c0 + self.cds * B + self.cdc * (self.S_at + B * (G - self.G_S))
+        self._st_a = a = self.dec_a[B] + self.cdc * (self.S_at + B * (G - self.G_S))
         self._st_c = c = self.cdc * B
         n = stop - G
         self._st_n = n
@@ -689,7 +708,7 @@ class Engine:
             self._grow_blocks()
             if self.B:
                 G = self.G
-                self.t += self.c0 + self.cds * self.B + self.cdc * (self.S_at + self.B * (G - self.G_S))
+                self.t += self.dec_a[self.B] + self.cdc * (self.S_at + self.B * (G - self.G_S))
                 self.G = G + 1
                 self._used_G = self.G
                 self.n_iterations += 1

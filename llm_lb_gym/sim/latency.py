@@ -1,63 +1,108 @@
 """Iteration-time model of one inference instance, and hardware/model presets.
 
-An iteration (one forward pass of the batch) costs
+An iteration (one forward pass of the batch) costs, in seconds,
 
-    t = base_s
-        + prefill_token_s * (prompt tokens computed in this iteration)
-        + prefill_attn_s  * sum over prefill chunks of chunk * (cached prefix + chunk)
-        + decode_seq_s    * (decode sequences in the batch)
-        + decode_ctx_s    * (sum of the decode sequences' context lengths)
+    t = base_s                                     # weight-read floor of the linear layers, launches
+      + token_s * N                                # per batched token, below and above the knee
+      + compute_token_s * max(0, N - knee_tokens)  # compute-bound linear layers past the roofline knee
+      + prefill_attn_s * pairs                     # prefill attention per causal (query, key) pair
+      + decode_seq_s * B + decode_ctx_s * S        # decode attention: per sequence, per context token
+      + cpu_base_s + cpu_seq_s * n_seqs            # CPU overhead (left out with engine.cpu_overhead=False)
 
-Why this shape: linear layers are compute bound in prefill (cost per token), prefill attention is
-quadratic in the prompt, a decode step is memory bound (weights read once per step: ``base_s``;
-KV read per context token: ``decode_ctx_s``) with a small per-sequence cost. It is linear in the
-decode batch's context sum, which lets the engine advance stretches of identical decode
-iterations in closed form (see ``engine.py``).
+with N = tokens batched (prompt or chunk tokens computed + decode sequences), B = decode
+sequences, S = the sum of their context lengths, n_seqs = sequences in the batch (prompts or
+chunks + decodes) and ``pairs`` the causal prefill attention pairs: a chunk of c tokens after q
+cached tokens attends to q + (c + 1) / 2 keys on average, c q + c (c + 1) / 2 pairs
+(:func:`causal_pairs`), so a prompt of L tokens costs L (L + 1) / 2 pairs however it is chunked.
+
+Why this shape: the linear layers read all weights once per iteration whatever the batch (the
+flat floor ``base_s`` up to a few hundred tokens, the profiles' roofline knee), then become
+compute bound (``compute_token_s`` per token past ``knee_tokens``); prefill attention is
+quadratic in the prompt; decode attention reads each sequence's KV cache (``decode_ctx_s`` per
+context token) with a per-sequence cost; the CPU side (scheduling, sampling, input preparation,
+output processing) costs a constant plus a per-sequence amount. Between events a decode batch is
+fixed, so everything but ``decode_ctx_s * S`` is a constant of the batch size B and S grows by B
+per iteration: the engine advances such stretches in closed form (``engine.py``).
 
 Presets: coefficients per (model, GPU). Their source and fit error are printed by
-``python -m experiments.calibrate`` and documented in the README.
+``python -m experiments.calibrate`` and kept in ``docs/calibration.md``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from .._validate import check_range, lookup
 
 
-@dataclass(frozen=True)
+def causal_pairs(chunk_tokens: int, cached_tokens: int = 0) -> int:
+    """Causal (query, key) pairs of a prefill chunk of ``chunk_tokens`` after ``cached_tokens``
+    already in the KV cache: each query attends to the cached keys and to itself and the chunk's
+    earlier tokens. Additive over chunks: any chunking of an L-token prompt gives L (L + 1) / 2."""
+    c = chunk_tokens
+    return c * cached_tokens + c * (c + 1) // 2
+
+
+@dataclass(frozen=True, kw_only=True)
 class LatencyModel:
-    """Coefficients of the iteration-time model, all in seconds."""
+    """Coefficients of the iteration-time model (seconds, per unit named in each field).
+    Keyword-only: the fields are many and all floats, so positions would be an easy mistake."""
 
     base_s: float
-    """Constant per iteration (> 0): weight reads, kernel launches, CPU scheduling overhead."""
-    prefill_token_s: float
-    """Per prompt token computed in the iteration (the paper's grad1 on V100: 3.2e-4)."""
-    prefill_attn_s: float
-    """Per (query token x key token) pair of prefill attention: chunk * (prefix + chunk)."""
-    decode_seq_s: float
-    """Per decode sequence in the batch."""
-    decode_ctx_s: float
-    """Per context token of the decode sequences (KV cache reads)."""
+    """Constant per iteration (> 0): weight reads of the linear layers, kernel launches."""
+    token_s: float = 0.0
+    """Per batched token N (prompt/chunk tokens + decode sequences), at any N."""
+    compute_token_s: float = 0.0
+    """Per batched token beyond ``knee_tokens``: the compute-bound linear layers."""
+    knee_tokens: float = 0.0
+    """Batched tokens up to which the linear layers stay at their weight-read floor."""
+    prefill_attn_s: float = 0.0
+    """Per causal (query, key) pair of prefill attention (:func:`causal_pairs`)."""
+    decode_seq_s: float = 0.0
+    """Per decode sequence in the batch (attention launch and per-sequence work)."""
+    decode_ctx_s: float = 0.0
+    """Per context token of the decode sequences (KV-cache reads)."""
+    cpu_base_s: float = 0.0
+    """CPU overhead per iteration (scheduler, sampler, input preparation, output processing)."""
+    cpu_seq_s: float = 0.0
+    """CPU overhead per sequence in the batch."""
 
     def __post_init__(self) -> None:
         # A positive base keeps every iteration (and a request's ideal latency) longer than 0.
         check_range("latency.base_s", self.base_s, 0.0, lo_open=True)
-        for name in ("prefill_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s"):
+        for name in ("token_s", "compute_token_s", "knee_tokens", "prefill_attn_s", "decode_seq_s",
+                     "decode_ctx_s", "cpu_base_s", "cpu_seq_s"):
             check_range(f"latency.{name}", getattr(self, name), 0.0)
 
+    def without_cpu(self) -> "LatencyModel":
+        """The same GPU terms with the CPU overhead left out (``engine.cpu_overhead=False``)."""
+        return replace(self, cpu_base_s=0.0, cpu_seq_s=0.0)
+
     def iteration_s(self, prefill_tokens: int = 0, prefill_attn_pairs: int = 0,
-                    decode_seqs: int = 0, decode_ctx_tokens: int = 0) -> float:
-        """Duration of one iteration with the given batch composition."""
-        return (self.base_s + self.prefill_token_s * prefill_tokens
+                    decode_seqs: int = 0, decode_ctx_tokens: int = 0,
+                    prefill_seqs: int | None = None) -> float:
+        """Duration of one iteration with the given batch composition. ``prefill_seqs`` counts
+        the prompts or chunks in the batch (default: one if any prompt token is computed)."""
+        if prefill_seqs is None:
+            prefill_seqs = 1 if prefill_tokens else 0
+        n = prefill_tokens + decode_seqs
+        return (self.base_s + self.token_s * n + self.compute_token_s * max(0.0, n - self.knee_tokens)
                 + self.prefill_attn_s * prefill_attn_pairs
-                + self.decode_seq_s * decode_seqs + self.decode_ctx_s * decode_ctx_tokens)
+                + self.decode_seq_s * decode_seqs + self.decode_ctx_s * decode_ctx_tokens
+                + self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs))
+
+    def decode_const_s(self, decode_seqs: int) -> float:
+        """Everything of a decode-only iteration of B sequences but ``decode_ctx_s * S``: the
+        part that stays constant through a decode stretch (the engine tabulates it per B)."""
+        b = decode_seqs
+        return (self.base_s + self.cpu_base_s + (self.token_s + self.decode_seq_s + self.cpu_seq_s) * b
+                + self.compute_token_s * max(0.0, b - self.knee_tokens))
 
     def prefill_s(self, prompt_tokens: int) -> float:
-        """A prefill-only iteration of one prompt."""
-        return self.iteration_s(prompt_tokens, prompt_tokens * prompt_tokens)
+        """A prefill-only iteration of one whole prompt."""
+        return self.iteration_s(prompt_tokens, causal_pairs(prompt_tokens), prefill_seqs=1)
 
     def isolated_request_s(self, prompt_tokens: int, decode_tokens: int) -> float:
         """Latency of one request alone on an idle instance (prefill, then decode steps).
@@ -67,8 +112,7 @@ class LatencyModel:
         """
         k = max(int(decode_tokens) - 1, 0)
         ctx_sum = k * (prompt_tokens + 1) + k * (k - 1) // 2
-        decode = k * (self.base_s + self.decode_seq_s) + self.decode_ctx_s * ctx_sum
-        return self.prefill_s(prompt_tokens) + decode
+        return self.prefill_s(prompt_tokens) + k * self.decode_const_s(1) + self.decode_ctx_s * ctx_sum
 
 
 @dataclass(frozen=True)
@@ -154,34 +198,38 @@ def get_preset(name: str) -> HardwarePreset:
 
 
 _VIDUR = "Vidur (microsoft/vidur, MIT) vLLM kernel profiles in shared/data/profiling/vidur"
-_FIT = "non-negative least squares on relative error, experiments/calibrate.py; docs/calibration.md"
+_FIT = ("knee by 1-D search, the other GPU terms by non-negative least squares on relative error; "
+        "CPU terms: line through Vidur's A100-host CPU overheads (Llama-2-7B TP1); "
+        "experiments/calibrate.py, docs/calibration.md")
+_CPU = dict(cpu_base_s=9.433e-4, cpu_seq_s=4.918e-5)
 
 register_preset(HardwarePreset(
     "llama2-7b-v100", "llama2-7b", "v100",
-    LatencyModel(base_s=0.01577, prefill_token_s=3.2e-4, prefill_attn_s=2.127e-8,
-                 decode_seq_s=1.448e-4, decode_ctx_s=4.986e-7),
-    source=("derived, no V100 profile exists: llama2-7b-a100 fit x A100/V100 ratios (memory-bound "
-            "terms 2039/900 GB/s, compute-bound 312/125 TFLOPS), prefill_token_s pinned to the "
-            "paper's grad1 3.2e-4, decode terms scaled so isolated_request_s(1000, 1000) = 17 s "
-            "(paper, arXiv 2408.13510); experiments/calibrate.py, docs/calibration.md"),
+    LatencyModel(base_s=0.01444, token_s=1.101e-4, compute_token_s=2.157e-4, knee_tokens=165.2,
+                 prefill_attn_s=1.962e-8, decode_seq_s=0.0, decode_ctx_s=7.711e-7, **_CPU),
+    source=("fitted to the paper's three V100 figures (arXiv 2408.13510: grad1 3.2e-4 s/token as the "
+            "all-in prefill slope over prompts 1-1,000; 1,000/1,000 alone 17 s; 31 s with a 500/500 "
+            "request arriving every 50 lone-request iterations) from the llama2-7b-a100 fit: compute terms, base_s "
+            "and decode attention scaled by one factor each, knee by the ridge-point ratio, A100-host "
+            "CPU terms; experiments/paper_v100.py via experiments/calibrate.py, docs/calibration.md"),
 ))
 register_preset(HardwarePreset(
     "llama2-7b-a100", "llama2-7b", "a100",
-    LatencyModel(base_s=0.009675, prefill_token_s=4.838e-5, prefill_attn_s=8.522e-9,
-                 decode_seq_s=8.888e-5, decode_ctx_s=3.06e-7),
+    LatencyModel(base_s=0.01, token_s=2.447e-5, compute_token_s=4.792e-5, knee_tokens=182.0,
+                 prefill_attn_s=4.359e-9, decode_seq_s=0.0, decode_ctx_s=2.877e-7, **_CPU),
     source=f"{_VIDUR}: a100 Llama-2-7b-hf mlp.csv, attention medians, CPU overheads; {_FIT}",
 ))
 register_preset(HardwarePreset(
     "llama3-8b-a100", "llama3-8b", "a100",
-    LatencyModel(base_s=0.01054, prefill_token_s=4.952e-5, prefill_attn_s=9.386e-9,
-                 decode_seq_s=1.03e-4, decode_ctx_s=8.134e-8),
+    LatencyModel(base_s=0.01074, token_s=3.179e-5, compute_token_s=4.804e-5, knee_tokens=279.0,
+                 prefill_attn_s=4.507e-9, decode_seq_s=0.0, decode_ctx_s=7.572e-8, **_CPU),
     source=(f"{_VIDUR}: a100 Meta-Llama-3-8B mlp.csv; attention from Llama-2-7B's A100 medians "
-            f"(decode KV-read part x 8/32 KV heads); Llama-2-7B CPU overheads; {_FIT}"),
+            f"(decode KV-read part x 8/32 KV heads); {_FIT}"),
 ))
 register_preset(HardwarePreset(
     "llama2-7b-h100", "llama2-7b", "h100",
-    LatencyModel(base_s=0.006285, prefill_token_s=1.494e-5, prefill_attn_s=2.489e-9,
-                 decode_seq_s=7.231e-5, decode_ctx_s=1.857e-7),
+    LatencyModel(base_s=0.006007, token_s=8.746e-6, compute_token_s=1.425e-5, knee_tokens=329.0,
+                 prefill_attn_s=1.231e-9, decode_seq_s=8.142e-8, decode_ctx_s=1.808e-7, **_CPU),
     source=(f"{_VIDUR}: h100 Llama-2-7b-hf mlp.csv; attention from A100 medians (prefill x 312/989.4 "
             f"TFLOPS, decode x 2039/3352 GB/s); A100-host CPU overheads; {_FIT}"),
 ))
@@ -192,6 +240,9 @@ def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decod
     ideal latency T_j of the env's reward and the order of the "shortest" candidates."""
     p = np.asarray(prompt_tokens, np.float64)
     k = np.maximum(np.asarray(pred_decode_tokens, np.float64) - 1.0, 0.0)
-    prefill = latency.base_s + latency.prefill_token_s * p + latency.prefill_attn_s * p * p
-    decode = k * (latency.base_s + latency.decode_seq_s) + latency.decode_ctx_s * (k * (p + 1) + k * (k - 1) / 2)
+    lat = latency
+    prefill = (lat.base_s + lat.cpu_base_s + lat.cpu_seq_s + lat.token_s * p
+               + lat.compute_token_s * np.maximum(p - lat.knee_tokens, 0.0)
+               + lat.prefill_attn_s * p * (p + 1.0) / 2.0)
+    decode = k * lat.decode_const_s(1) + lat.decode_ctx_s * (k * (p + 1) + k * (k - 1) / 2)
     return prefill + decode

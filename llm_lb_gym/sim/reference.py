@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .batching import get_policy
 from .config import EngineConfig
+from .latency import causal_pairs
 
 
 @dataclass
@@ -92,6 +94,7 @@ class _Instance:
         self.total = cfg.total_blocks
         self.wm = cfg.watermark_blocks
         self.lat = cfg.latency_model
+        self.policy = get_policy(cfg.scheduler)
         self.used = 0
         self.peak = 0
         self.preempted: list[_Seq] = []  # front of the waiting queue, in preemption order
@@ -121,10 +124,9 @@ class _Instance:
     def scheduler_order(self) -> list[_Seq]:
         """Preempted first (preemption order), then never-run requests in scheduler order."""
         fresh = sorted(self.fresh, key=lambda s: s.queue_index)
-        if self.cfg.scheduler == "least_work_left":
-            fresh = sorted(fresh, key=lambda s: s.req.pred_decode_tokens - s.o)  # stable: ties by queue
-        elif self.cfg.scheduler == "bin_packing":
-            fresh = sorted(fresh, key=lambda s: -(s.p + s.o))
+        key = self.policy.key
+        if key is not None:   # stable sort: ties keep queue order
+            fresh = sorted(fresh, key=lambda s: key(s.p, s.o, s.req.pred_decode_tokens))
         return list(self.preempted) + fresh
 
     def admit(self, seq: _Seq, now: float) -> None:
@@ -211,14 +213,15 @@ class _Instance:
                 admitted.append(seq)
                 tokens += seq_tokens
                 blocks += math.ceil(seq_tokens / self.bs)
-            elif self.cfg.scheduler != "bin_packing":
+            elif not self.policy.skip_unfit:
                 break
         if admitted:
             for seq in admitted:
                 self.admit(seq, now)
                 self.prefilling.append(seq)
             dur = self.lat.iteration_s(prefill_tokens=sum(s.prefill_len for s in admitted),
-                                       prefill_attn_pairs=sum(s.prefill_len ** 2 for s in admitted))
+                                       prefill_attn_pairs=sum(causal_pairs(s.prefill_len) for s in admitted),
+                                       prefill_seqs=len(admitted))
             end = now + dur
             for seq in admitted:
                 seq.prefill_done = seq.prefill_len
@@ -255,15 +258,16 @@ class _Instance:
                 chunk = min(seq.prefill_len, budget_left)
                 chunks.append((seq, chunk, 0))
                 budget_left -= chunk
-            elif self.cfg.scheduler != "bin_packing":
+            elif not self.policy.skip_unfit:
                 break
         if not decodes and not chunks:
             return None
         dur = self.lat.iteration_s(
             prefill_tokens=sum(c for _, c, _ in chunks),
-            prefill_attn_pairs=sum(c * (before + c) for _, c, before in chunks),
+            prefill_attn_pairs=sum(causal_pairs(c, before) for _, c, before in chunks),
             decode_seqs=len(decodes),
             decode_ctx_tokens=sum(s.p + s.o for s in decodes),
+            prefill_seqs=len(chunks),
         )
         end = now + dur
         for seq in decodes:
