@@ -79,13 +79,13 @@ CALIBRATED = Efficiency(
     attention_launch_s=1.517e-05,
 )
 
-# All-reduce: no profile exists. Latency and achieved bandwidth are fitted by
-# `python -m experiments.calibrate_hardware` to the published latencies of vLLM's custom
-# all-reduce on 8 x H100 SXM (tp 2/4/8, 512 B to 1 MiB; sgl-project/sglang#2904), the message
-# sizes of decode batches; the same fraction of the datasheet interconnect is used on every GPU
-# (optimistic for PCIe GPUs, where NCCL is used instead).
-ALLREDUCE_LATENCY_S = 8.996e-06
-ALLREDUCE_BANDWIDTH_EFFICIENCY = 0.1096
+# All-reduce: no profile exists. Bandwidth: NCCL's large-message bus bandwidth is ~200 of the
+# 300 GB/s per direction on 8 x A100-80GB SXM (NVIDIA/nccl-tests#149); the same fraction of the
+# datasheet interconnect is used on every GPU (PCIe GPUs included, unmeasured). Latency per call:
+# fitted by `python -m experiments.calibrate_hardware` to the published latencies of vLLM's
+# custom all-reduce on 8 x H100 SXM (tp 2/4/8, 512 B to 1 MiB; sgl-project/sglang#2904).
+ALLREDUCE_BANDWIDTH_EFFICIENCY = 200 / 300
+ALLREDUCE_LATENCY_S = 1.068e-05
 
 # CPU overhead per step, (intercept s, per-sequence s), by tensor-parallel degree: least-squares
 # lines through Vidur's cpu_overheads_a100.csv (schedule + sampler + prepare inputs + process
