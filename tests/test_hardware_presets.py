@@ -185,6 +185,22 @@ def test_custom_model_config_on_a_gpu(tmp_path) -> None:
     assert isinstance(custom_preset(str(path), "l4", 1), ArchitecturePreset)
 
 
+def test_hydra_overrides_select_catalog_and_custom_presets(tmp_path) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from experiments._hydra import CONF_DIR, env_kwargs
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA2_7B_CONFIG))
+    cases = {"llama2-70b/h100-80gb/tp4": ["engine.preset=llama2-70b/h100-80gb/tp4"],
+             "llama2-70b/h100-80gb/tp4 ": ["engine=h100_llama70b_tp4"],
+             f"{path}/l4/tp2": [f"engine.model_config={path}", "engine.gpu=l4", "engine.tensor_parallel=2"]}
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        for name, overrides in cases.items():
+            engine = EngineConfig(**env_kwargs(compose(config_name="train", overrides=overrides))["engine"])
+            assert engine.hardware.name == name.strip()
+
+
 def test_unknown_preset_lists_names_grouped_by_model() -> None:
     with pytest.raises(ConfigError, match=r"llama2-7b-v100.*; llama2-13b/\{a100-40gb/tp1, "):
         get_preset("llama2-7b/t4/tp1")

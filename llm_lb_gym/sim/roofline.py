@@ -211,7 +211,9 @@ def to_latency_model(f: dict[str, float]) -> LatencyModel:
     longer ones faster, by ``compute_token_s x`` the length difference's share of the knee); the
     contract counts causal pairs (a whole prompt of L: L(L+1)/2) where the old model counts
     chunk x (prefix + chunk) (L^2), so prefill_attn_s is halved; decode tokens below the knee cost
-    ``token_s`` each, added to the per-sequence term.
+    ``token_s`` each, added to the per-sequence term, and decode batches beyond the knee miss
+    ``compute_token_s x (B - knee_tokens)`` (B > 100-350 sequences; see docs/hardware.md); the
+    CPU cost of prefill sequences is left out.
     """
     p = ADAPTER_PREFILL_TOKENS
     per_prompt_token = f["token_s"] + f["compute_token_s"] * max(0.0, p - f["knee_tokens"]) / p
