@@ -23,7 +23,8 @@ class EngineConfig:
     """Options of one vLLM-style instance."""
 
     preset: str = "llama2-7b-v100"
-    """Hardware preset (model on GPU): latency coefficients and memory sizes."""
+    """Hardware preset (model on GPU): latency coefficients and memory sizes; the hand-set ones or
+    a catalog name ``<model>/<gpu>/tp<k>`` (docs/hardware.md)."""
     block_size: int = 16
     """Tokens per KV-cache block."""
     gpu_memory_utilization: float = 0.9
