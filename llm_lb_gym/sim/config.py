@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from .._validate import ConfigError, check_bool, check_choice, check_int, check_range
 from ..limits import MAX_CONTEXT_TOKENS, MAX_TOKENS
 from .batching import SCHEDULERS
+from .catalog import custom_preset
+from .gpus import GPUS
 from .latency import HardwarePreset, LatencyModel, get_preset
 
 
@@ -20,7 +22,8 @@ class EngineConfig:
     """Options of one vLLM-style instance."""
 
     preset: str = "llama2-7b-v100"
-    """Hardware preset (model on GPU): latency coefficients and memory sizes."""
+    """Hardware preset (model on GPU): latency coefficients and memory sizes; the hand-set ones or
+    a catalog name ``<model>/<gpu>/tp<k>`` (docs/hardware.md)."""
     block_size: int = 16
     """Tokens per KV-cache block."""
     gpu_memory_utilization: float = 0.9
@@ -48,9 +51,21 @@ class EngineConfig:
     overheads have zeros there). False models a GPU-bound engine whose CPU work overlaps the
     forward pass (e.g. vLLM's async output processing / multi-step scheduling) and compares with
     profile simulators that leave the CPU side out."""
+    model_config: str | None = None
+    """Path to a Hugging Face config.json (or its folder): a roofline preset of that architecture on
+    ``gpu`` x ``tensor_parallel`` replaces ``preset`` (llm_lb_gym/sim/catalog.py)."""
+    gpu: str | None = None
+    """GPU of ``model_config`` (a name of llm_lb_gym.sim.gpus.GPUS)."""
+    tensor_parallel: int = 1
+    """GPUs per instance for ``model_config``."""
 
     def __post_init__(self) -> None:
-        self.hardware  # validates the preset name
+        if self.model_config is None and (self.gpu is not None or self.tensor_parallel != 1):
+            raise ConfigError("engine.gpu and engine.tensor_parallel apply to engine.model_config only; "
+                              "catalog presets name them: engine.preset=<model>/<gpu>/tp<k>")
+        if self.model_config is not None and self.gpu is None:
+            raise ConfigError("engine.model_config needs engine.gpu; allowed: " + ", ".join(GPUS))
+        self.hardware  # validates the preset name (or the custom model on its GPU)
         check_int("engine.block_size", self.block_size, 1)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         if self.num_kv_blocks is not None:
@@ -80,6 +95,8 @@ class EngineConfig:
 
     @property
     def hardware(self) -> HardwarePreset:
+        if self.model_config is not None:
+            return custom_preset(str(self.model_config), self.gpu, self.tensor_parallel)
         return get_preset(self.preset)
 
     @property
@@ -97,7 +114,8 @@ class EngineConfig:
     def total_blocks(self) -> int:
         if self.num_kv_blocks is not None:
             return self.num_kv_blocks
-        return self.hardware.num_kv_blocks(self.block_size, self.gpu_memory_utilization)
+        return self.hardware.num_kv_blocks(self.block_size, self.gpu_memory_utilization,
+                                           self.token_budget, self.max_num_seqs)
 
     @property
     def watermark_blocks(self) -> int:

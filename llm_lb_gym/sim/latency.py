@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._validate import check_range, lookup
+from .._validate import ConfigError, check_range, lookup
 
 
 def causal_pairs(chunk_tokens: int, cached_tokens: int = 0) -> int:
@@ -171,8 +171,12 @@ class HardwarePreset:
     def gpu_spec(self) -> GPUSpec:
         return lookup("gpu", GPUS, self.gpu)
 
-    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float) -> int:
-        """KV blocks left after weights and activations, as vLLM's profiling run derives them."""
+    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float,
+                      max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> int:
+        """KV blocks left after weights and activations, as vLLM's profiling run derives them.
+
+        These hand-set presets keep a fixed activation reserve and ignore the batch limits; the
+        catalog presets (``catalog.py``) estimate the activation peak from them."""
         m, g = self.model_spec, self.gpu_spec
         free = g.memory_bytes * gpu_memory_utilization - m.weight_bytes - g.activation_reserve_bytes
         blocks = int(free // (m.kv_bytes_per_token * block_size))
@@ -193,8 +197,16 @@ def register_preset(preset: HardwarePreset) -> None:
 
 
 def get_preset(name: str) -> HardwarePreset:
-    """Preset by name; the error lists the valid names."""
-    return lookup("hardware preset", PRESETS, name)
+    """Preset by name; the error lists the valid names, catalog names grouped by model."""
+    if name in PRESETS:
+        return PRESETS[name]
+    plain = sorted(n for n in PRESETS if "/" not in n)
+    grouped: dict[str, list[str]] = {}
+    for n in sorted(n for n in PRESETS if "/" in n):
+        model, rest = n.split("/", 1)
+        grouped.setdefault(model, []).append(rest)
+    listing = "; ".join([", ".join(plain)] + [f"{m}/{{{', '.join(r)}}}" for m, r in grouped.items()])
+    raise ConfigError(f"unknown hardware preset {name!r}; allowed: {listing}")
 
 
 _VIDUR = "Vidur (microsoft/vidur, MIT) vLLM kernel profiles in shared/data/profiling/vidur"
