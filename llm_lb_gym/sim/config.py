@@ -42,6 +42,10 @@ class EngineConfig:
     """Order of admission from the waiting queue: fcfs, least_work_left, bin_packing."""
     latency: LatencyModel | None = None
     """Override the preset's latency coefficients."""
+    enable_prefix_caching: bool = False
+    """Automatic prefix caching (vLLM's option of the same name): KV blocks of prompt prefixes
+    computed before are reused by later requests carrying the same block hashes
+    (docs/prefix_caching.md). Off: the engine never looks at hashes."""
 
     def __post_init__(self) -> None:
         self.hardware  # validates the preset name
@@ -57,6 +61,7 @@ class EngineConfig:
             check_int("engine.max_model_len", self.max_model_len, 2, MAX_CONTEXT_TOKENS)
         check_choice("engine.scheduler", self.scheduler, SCHEDULERS)
         check_bool("engine.chunked_prefill", self.chunked_prefill)
+        check_bool("engine.enable_prefix_caching", self.enable_prefix_caching)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:
             raise ConfigError(
                 f"engine.max_num_batched_tokens={self.token_budget} must be >= engine.max_num_seqs="
