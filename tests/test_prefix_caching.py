@@ -149,3 +149,109 @@ def test_hash_block_size_must_be_a_multiple_of_the_block_size():
     table = RequestTable([0.0], [40], [1], [1], prefix_hashes=[(1, 2)], hash_block_tokens=24)
     with pytest.raises(ValueError, match="hash_block_tokens=24 .* multiple of engine.block_size=16"):
         Cluster(ClusterConfig(num_instances=1, engine=cfg), table)
+
+
+def _timestamps(table):
+    return [table.first_scheduled_s, table.first_token_s, table.finish_s, table.preemptions,
+            table.instance]
+
+
+def test_caching_off_ignores_hashes_bit_for_bit():
+    """Hashes on the requests change nothing while enable_prefix_caching is off, and caching on
+    without hashes changes nothing either (the engine has nothing to look up)."""
+    from llm_lb_gym.policies.drive import run_router
+    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.workload.registry import make_workload
+
+    batch = make_workload("conversation", rate_rps=6.0).sample(np.random.default_rng(3), 400)
+    assert batch.prefix_hashes is not None
+    bare = RequestBatch.from_arrays(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens,
+                                    batch.task_id, batch.task_names)
+    runs = []
+    for b, pc in ((batch, False), (bare, False), (bare, True)):
+        cfg = ClusterConfig(num_instances=3, engine=EngineConfig(enable_prefix_caching=pc))
+        c = run_router(b, cfg, make_router("least_requests"), np.random.default_rng(0), check=True)
+        runs.append(_timestamps(c.table))
+        assert all(e.pc_hit_tokens == 0 for e in c.engines)
+    assert runs[0] == runs[1] == runs[2]
+    on = run_router(batch, ClusterConfig(num_instances=3, engine=EngineConfig(enable_prefix_caching=True)),
+                    make_router("least_requests"), np.random.default_rng(0), check=True)
+    assert sum(e.pc_hit_tokens for e in on.engines) > 0
+    assert np.mean(on.table.first_token_s) < np.mean(runs[0][1])
+
+
+def test_golden_scenarios_unchanged_with_hashes_attached(monkeypatch):
+    """Replay the golden scenarios with every table carrying prefix hashes (caching off):
+    the hand-worked timestamps still hold."""
+    import tests.test_engine_golden as golden
+
+    orig = RequestTable.__init__
+
+    def with_hashes(self, arrival_s, prompt_tokens, *args, **kw):
+        kw.setdefault("prefix_hashes", [tuple(range(-(-int(p) // 16))) for p in prompt_tokens])
+        kw.setdefault("hash_block_tokens", 16)
+        orig(self, arrival_s, prompt_tokens, *args, **kw)
+
+    monkeypatch.setattr(RequestTable, "__init__", with_hashes)
+    names = [n for n in dir(golden) if n.startswith("test_")]
+    assert names
+    import inspect
+    for n in names:
+        f = getattr(golden, n)
+        if not inspect.signature(f).parameters:
+            f()
+
+
+def test_mooncake_reader_passes_hash_ids():
+    from llm_lb_gym.workload.registry import make_workload
+
+    w = make_workload("mooncake", path="tests/fixtures/traces/tiny_mooncake.jsonl", start="head")
+    b = w.sample(np.random.default_rng(0), 3)
+    assert b.hash_block_tokens == 512
+    assert b.prefix_hashes[:3] == ((0,), (1, 2), (2, 3))
+
+
+def test_conversation_turns_extend_the_previous_prompt():
+    from llm_lb_gym.workload.registry import make_workload
+
+    w = make_workload("conversation", num_system_prompts=2, system_prompt_tokens=64,
+                      turns_per_conversation=3, think_time_s=100.0, rate_rps=0.01)
+    b = w.sample(np.random.default_rng(1), 3)   # one conversation: its three turns
+    H = b.hash_block_tokens
+    (p0, p1, p2), (c0, c1, c2) = b.prompt_tokens, b.prefix_hashes
+    assert p0 < p1 < p2 and b.task_id[0] == b.task_id[1] == b.task_id[2]
+    assert c1[:p0 // H] == c0[:p0 // H] and c2[:p1 // H] == c1[:p1 // H]
+    assert len(set(c1[p0 // H:]) & set(c0)) == 0   # the rest is new (prompt-only caching)
+    assert c0[:64 // H] == tuple(range(b.task_id[0] * 4, b.task_id[0] * 4 + 4))
+    with pytest.raises(Exception, match="turns_per_conversation"):
+        make_workload("conversation", turns_per_conversation=0)
+
+
+def test_env_reports_prefix_metrics_and_cached_prefix_feature():
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+
+    env = gym.make("LLMCluster-v0", workload="conversation", num_requests=120,
+                   arrival_rate_rps=4.0, engine={"enable_prefix_caching": True},
+                   obs={"features": ["cached_prefix"], "normalize": False}, check_invariants=True)
+    obs, info = env.reset(seed=0)
+    base = env.unwrapped
+    per = base.obs_builder.per
+    seen = 0.0
+    done = False
+    while not done:
+        q = base.cluster.queue
+        if q:
+            want = [e.cached_prefix_tokens(q[0]) for e in base.cluster.engines]
+            got = [obs[base.obs_builder._inst0 + i * per + per - 1] for i in range(base.m)]
+            assert got == want
+            seen += sum(got)
+            a = int(np.argmax(got)) if max(got) > 0 else int(env.action_space.sample() % base.m)
+        else:
+            a = base.m
+        obs, r, term, trunc, info = env.step(a)
+        done = term or trunc
+    m = info["metrics"]
+    assert seen > 0 and m["prefix_hit_rate"] > 0 and m["prefix_saved_tokens"] > 0
+    assert sum(m[f"prefix_saved_tokens_i{i}"] for i in range(base.m)) == m["prefix_saved_tokens"]
