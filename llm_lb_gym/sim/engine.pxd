@@ -14,7 +14,8 @@ cdef class Engine:
     cdef public long H, hb, ev_blocks, pc_tokens, pc_hit_tokens, pc_re_tokens, pc_re_hit_tokens
     cdef public long pc_evictions
     cdef public bint pc
-    cdef public dict kv_ref, evictable
+    cdef public dict kv_ref
+    cdef public object evictable   # an OrderedDict: typed as dict, Cython would bypass its order
     cdef public double c0, cp, ca, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
     cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last

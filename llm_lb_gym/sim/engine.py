@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from itertools import chain
 
 from .config import EngineConfig
@@ -110,7 +111,9 @@ class Engine:
             self.H = table.hash_block_tokens
             self.hb = self.H // self.bs
         self.kv_ref: dict = {}
-        self.evictable: dict = {}
+        # OrderedDict, not dict: popping the oldest of a dict that had many deletions at its
+        # front scans the holes (quadratic over an episode).
+        self.evictable = OrderedDict()
         self.ev_blocks = 0          # engine blocks of the evictable (cached, unreferenced) units
         self.pc_tokens = self.pc_hit_tokens = 0       # first admissions: prompt / cached tokens
         self.pc_re_tokens = self.pc_re_hit_tokens = 0  # readmissions after preemption
@@ -661,8 +664,7 @@ class Engine:
         blocks in use and the evictable ones fit the cache again."""
         ev, ref, hb = self.evictable, self.kv_ref, self.hb
         while self.used + self.ev_blocks > self.total_blocks:
-            h = next(iter(ev))
-            del ev[h]
+            h = ev.popitem(last=False)[0]
             del ref[h]
             self.ev_blocks -= hb
             self.pc_evictions += 1
