@@ -85,6 +85,7 @@ def describe_workload(workload, with_arrivals: bool = True) -> str:
     """The workload a built env replays, e.g. ``trace /data/x.csv (azure) at rate_scale 2``
     (a registered dataset also by name: ``(azure, dataset azure_conv)``); ``with_arrivals=False``
     leaves out synthetic arrival processes (a sweep varies them)."""
+    from llm_lb_gym.workload.conversation import ConversationWorkload
     from llm_lb_gym.workload.corpus import CorpusWorkload
     from llm_lb_gym.workload.task_mix import TaskMixWorkload
     from llm_lb_gym.workload.trace_workload import TraceWorkload
@@ -97,6 +98,9 @@ def describe_workload(workload, with_arrivals: bool = True) -> str:
         text += " lengths"
     elif isinstance(workload, TaskMixWorkload):
         text = "task mix"
+    elif isinstance(workload, ConversationWorkload):
+        text = (f"conversations ({workload.num_system_prompts} system prompts x "
+                f"{workload.system_prompt_tokens} tokens, {workload.turns_per_conversation} turns)")
     elif isinstance(workload, CorpusWorkload):
         text = f"corpus {workload.path} (split {workload.split})"
     else:
