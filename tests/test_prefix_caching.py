@@ -247,7 +247,7 @@ def test_env_reports_prefix_metrics_and_cached_prefix_feature():
             got = [obs[base.obs_builder._inst0 + i * per + per - 1] for i in range(base.m)]
             assert got == want
             seen += sum(got)
-            a = int(np.argmax(got)) if max(got) > 0 else int(env.action_space.sample() % base.m)
+            a = int(np.argmax(got)) if max(got) > 0 else int(seen) % base.m
         else:
             a = base.m
         obs, r, term, trunc, info = env.step(a)
@@ -255,3 +255,29 @@ def test_env_reports_prefix_metrics_and_cached_prefix_feature():
     m = info["metrics"]
     assert seen > 0 and m["prefix_hit_rate"] > 0 and m["prefix_saved_tokens"] > 0
     assert sum(m[f"prefix_saved_tokens_i{i}"] for i in range(base.m)) == m["prefix_saved_tokens"]
+
+
+def test_cached_prefix_feature_does_not_change_the_dynamics():
+    """The feature's lookup syncs the engine's lazy block count (and so evicts earlier than it
+    otherwise would): the trajectory must stay the same bit for bit."""
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+
+    runs = []
+    for feats in ([], ["cached_prefix"]):
+        env = gym.make("LLMCluster-v0", workload="conversation", num_requests=300,
+                       arrival_rate_rps=8.0, obs={"features": feats},
+                       engine={"enable_prefix_caching": True, "num_kv_blocks": 400})
+        env.reset(seed=3)
+        rng = np.random.default_rng(0)
+        rewards, done = [], False
+        while not done:
+            _, r, term, trunc, info = env.step(int(rng.integers(env.action_space.n)))
+            rewards.append(r)
+            done = term or trunc
+        runs.append((rewards, info["metrics"]))
+    assert runs[0][0] == runs[1][0]
+    assert runs[0][1]["prefix_evictions"] > 0
+    assert runs[0][1] == runs[1][1] or all(
+        runs[0][1][k] == runs[1][1][k] or (runs[0][1][k] != runs[0][1][k]) for k in runs[0][1])
