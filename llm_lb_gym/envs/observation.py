@@ -199,7 +199,6 @@ class ObservationBuilder:
                     vals.append(0)
         kv = self.kv_tokens
         extras = self.f_free or self.f_wait or self.f_since or self.f_prefix
-        head = q[0] if q else -1
         for i, e in enumerate(cluster.engines):
             e.observe_into(vals, kv)
             if extras:
@@ -211,7 +210,7 @@ class ObservationBuilder:
                     last = cluster.last_route_s[i]
                     vals.append(t - last if last > 0.0 else t)
                 if self.f_prefix:   # the engine's own lookup (what a cache-aware gateway asks)
-                    vals.append(e.cached_prefix_tokens(head) if head >= 0 else 0)
+                    vals.append(e.cached_prefix_tokens(q[0]) if q else 0)
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:
