@@ -14,8 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 ACCOUNTING_COLUMNS = (("completed", "completed"), ("rejected", "rejected"),
-                      ("unfinished", "unfinished"))
-"""(metrics key, column title); each cell is the mean per episode."""
+                      ("unfinished", "unfinished"), ("prefix_hit_rate", "prefix hit rate"),
+                      ("prefix_saved_tokens", "prefill tokens saved"))
+"""(metrics key, column title); each cell is the mean per episode. The prefix-caching columns
+(``sim.metrics.prefix_cache_metrics``) are 0 where the engine caches nothing."""
 LOSS_WARN_FRACTION = 0.01
 """Warn above this share of requests rejected or left unfinished."""
 
@@ -27,7 +29,9 @@ def _unfinished(row: dict) -> float:
 
 
 def _count(row: dict, key: str) -> float:
-    return _unfinished(row) if key == "unfinished" else float(row[key])
+    if key == "unfinished":
+        return _unfinished(row)
+    return float(row.get(key, np.nan)) if key.startswith("prefix_") else float(row[key])
 
 
 def _fmt(x: float) -> str:
@@ -36,7 +40,11 @@ def _fmt(x: float) -> str:
 
 def accounting_cells(rows: list[dict]) -> list[str]:
     """completed, rejected, unfinished over ``rows`` (episodes), as table cells."""
-    return [_fmt(np.mean([_count(r, k) for r in rows])) for k, _ in ACCOUNTING_COLUMNS]
+    cells = []
+    for k, _ in ACCOUNTING_COLUMNS:
+        x = float(np.mean([_count(r, k) for r in rows]))
+        cells.append(f"{100 * x:.1f}%" if k == "prefix_hit_rate" else _fmt(x))
+    return cells
 
 
 def loss_warning(rows: list[dict]) -> str | None:
@@ -77,6 +85,7 @@ def describe_workload(workload, with_arrivals: bool = True) -> str:
     """The workload a built env replays, e.g. ``trace /data/x.csv (azure) at rate_scale 2``
     (a registered dataset also by name: ``(azure, dataset azure_conv)``); ``with_arrivals=False``
     leaves out synthetic arrival processes (a sweep varies them)."""
+    from llm_lb_gym.workload.conversation import ConversationWorkload
     from llm_lb_gym.workload.corpus import CorpusWorkload
     from llm_lb_gym.workload.task_mix import TaskMixWorkload
     from llm_lb_gym.workload.trace_workload import TraceWorkload
@@ -89,6 +98,9 @@ def describe_workload(workload, with_arrivals: bool = True) -> str:
         text += " token counts"   # the trace's lengths under a synthetic arrival process
     elif isinstance(workload, TaskMixWorkload):
         text = "task mix"
+    elif isinstance(workload, ConversationWorkload):
+        text = (f"conversations ({workload.num_system_prompts} system prompts x "
+                f"{workload.system_prompt_tokens} tokens, {workload.turns_per_conversation} turns)")
     elif isinstance(workload, CorpusWorkload):
         text = f"corpus {workload.path} (split {workload.split})"
     else:

@@ -4,6 +4,11 @@
     python -m experiments.bench sim        # 20,000 requests, 4 instances, near capacity
     python -m experiments.bench env        # env steps/s on the default config
     LLM_LB_GYM_PURE_PYTHON=1 python -m experiments.bench env   # the same without the compiled engine
+    python -m experiments.bench prefix     # both with engine.enable_prefix_caching on
+
+Prefix caching (``prefix``): the multi-turn ``conversation`` workload (hash blocks of 16
+tokens) on 4 instances with ``engine.enable_prefix_caching``, routed round robin on arrival
+(simulator), and env episodes of it with the ``cached_prefix`` observation feature.
 
 Simulator: conversation lengths of the Azure LLM 2023 conversation trace (a synthetic lognormal
 with its means, 1,155 prompt / 211 output tokens, when ../shared/data is absent; contexts
@@ -21,6 +26,7 @@ Cython build or pure Python, see llm_lb_gym/sim/_compiled.py) and the load avera
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
 import resource
@@ -117,9 +123,47 @@ def bench_env(episodes: int, seed: int = 0) -> dict:
     return out
 
 
+def bench_prefix(n: int, episodes: int, rate: float = 6.0, seed: int = 0) -> dict:
+    """Simulator and env speed with prefix caching on (a workload with shared prefixes)."""
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+    from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
+    from llm_lb_gym.sim.metrics import prefix_cache_metrics
+    from llm_lb_gym.sim.simulate import simulate
+    from llm_lb_gym.workload.registry import make_workload
+
+    batch = make_workload("conversation", rate_rps=rate).sample(np.random.default_rng(seed), n)
+    out = {"requests": n, "workload": f"conversation, Poisson {rate:g} req/s"}
+    for pc in (False, True):
+        cfg = ClusterConfig(num_instances=4, engine=EngineConfig(enable_prefix_caching=pc))
+        best = math.inf
+        for _ in range(2):
+            t0 = time.perf_counter()
+            cluster = simulate(batch, cfg)
+            best = min(best, time.perf_counter() - t0)
+        key = "on" if pc else "off"
+        out[f"sim_requests_per_s_caching_{key}"] = n / best
+        out[f"prefix_hit_rate_caching_{key}"] = prefix_cache_metrics(cluster.engines)["prefix_hit_rate"]
+    env = gym.make("LLMCluster-v0", workload="conversation", arrival_rate_rps=rate,
+                   engine={"enable_prefix_caching": True}, obs={"features": ["cached_prefix"]})
+    m = env.unwrapped.m
+    env.reset(seed=seed)
+    steps, c0 = 0, time.process_time()
+    for ep in range(episodes):
+        env.reset(seed=seed + ep)
+        i, term, trunc = 0, False, False
+        while not (term or trunc):
+            _, _, term, trunc, _ = env.step(i % m)
+            i += 1
+        steps += i
+    out["env_round_robin_steps_per_cpu_s_caching_on"] = steps / (time.process_time() - c0)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", nargs="?", choices=("all", "sim", "env"), default="all")
+    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix"), default="all")
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate (req/s)")
     ap.add_argument("--episodes", type=int, default=3, help="env episodes per policy")
@@ -139,6 +183,11 @@ def main(argv=None) -> None:
         print("\n## LLMCluster-v0 (default config)")
         for k, v in r.items():
             print(f"{k}: {v:,.1f}")
+    if args.part == "prefix":
+        r = bench_prefix(args.requests, args.episodes)
+        print("\n## prefix caching")
+        for k, v in r.items():
+            print(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}")
 
 
 if __name__ == "__main__":

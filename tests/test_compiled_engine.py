@@ -81,7 +81,12 @@ def _same(a, b):
     {"num_requests": 250, "engine": {"num_kv_blocks": 100, "scheduler": "least_work_left",
                                      "chunked_prefill": True}},
     {"num_requests": 200, "fast": False},                                          # reference mode
-], ids=["default", "chunked", "tight_kv", "bin_packing", "lwl_chunked", "step_mode"])
+    {"num_requests": 250, "workload": "conversation", "engine": {"enable_prefix_caching": True,
+     "num_kv_blocks": 300}, "obs": {"features": ["cached_prefix"]}},              # prefix caching
+    {"num_requests": 250, "workload": "conversation", "engine": {"enable_prefix_caching": True,
+     "num_kv_blocks": 300, "chunked_prefill": True, "max_num_batched_tokens": 512}},
+], ids=["default", "chunked", "tight_kv", "bin_packing", "lwl_chunked", "step_mode",
+        "prefix_caching", "prefix_caching_chunked"])
 def test_compiled_equals_pure_bit_for_bit(options, monkeypatch):
     pure = _trajectory(PureEngine, monkeypatch, 5, **options)
     comp = _trajectory(COMPILED, monkeypatch, 5, **options)
@@ -93,3 +98,5 @@ def test_compiled_equals_pure_bit_for_bit(options, monkeypatch):
     assert pure[4] == comp[4]
     if options.get("engine", {}).get("num_kv_blocks") == 72:
         assert pure[2]["preemptions"] > 0           # the scenario exercises preemption
+    if options.get("engine", {}).get("enable_prefix_caching"):
+        assert pure[2]["prefix_hit_rate"] > 0 and pure[2]["prefix_evictions"] > 0

@@ -75,7 +75,8 @@ def test_registered_traces_are_workloads_and_synthetic_arrivals_follow_the_forma
     for name, ds in trace_datasets().items():
         assert name in WORKLOADS
         assert uses_synthetic_arrivals(name) == (not TRACE_FORMATS[ds.format].has_timestamps)
-    expected = {"task_mix", "corpus"} | {n for n, d in trace_datasets().items() if d.format == "lengths"}
+    expected = {"task_mix", "corpus", "conversation"} | {
+        n for n, d in trace_datasets().items() if d.format == "lengths"}
     assert set(synthetic_arrival_workloads()) == expected
     assert uses_synthetic_arrivals("trace", {"format": "lengths"})
     assert not uses_synthetic_arrivals("trace", {"format": "mooncake"})

@@ -39,6 +39,10 @@ class TraceFormat:
     """Default for rows with 0 prompt or output tokens: "error" or "drop" (counted)."""
     origin: str
     """Where the layout comes from (shown by ``python -m llm_lb_gym.data list``)."""
+    hash_column: str | None = None
+    """Optional list of each prompt's chained block hash ids (prefix caching); None: none."""
+    hash_block_tokens: int | None = None
+    """Tokens per hash block of ``hash_column`` (given iff it is)."""
 
     def __post_init__(self) -> None:
         if self.container not in CONTAINERS:
@@ -49,6 +53,8 @@ class TraceFormat:
         if self.time_unit is not None and self.time_unit not in TIME_UNITS:
             raise ValueError(f"TraceFormat {self.name}: time_unit={self.time_unit!r}; "
                              f"allowed: {', '.join(TIME_UNITS)}")
+        if (self.hash_column is None) != (self.hash_block_tokens is None):
+            raise ValueError(f"TraceFormat {self.name}: hash_column and hash_block_tokens go together")
         if self.zero_tokens not in ZERO_TOKEN_POLICIES:
             raise ValueError(f"TraceFormat {self.name}: zero_tokens={self.zero_tokens!r}; "
                              f"allowed: {', '.join(ZERO_TOKEN_POLICIES)}")
@@ -71,8 +77,10 @@ TRACE_FORMATS: dict[str, TraceFormat] = {f.name: f for f in (
                 "error", "Azure LLM inference traces 2023/2024 (Azure/AzurePublicDataset)"),
     TraceFormat("lengths", "csv", "num_prefill_tokens", "num_decode_tokens", None, None, None,
                 "error", "length-only exports of microsoft/vidur and microsoft/sarathi-serve"),
+    # hash_ids: one id per 512-token block of the prompt, the last block possibly partial.
     TraceFormat("mooncake", "jsonl", "input_length", "output_length", "timestamp", "ms", None,
-                "error", "Mooncake traces (kvcache-ai/Mooncake, FAST'25 release)"),
+                "error", "Mooncake traces (kvcache-ai/Mooncake, FAST'25 release)",
+                hash_column="hash_ids", hash_block_tokens=512),
     # BurstGPT logs failed requests as rows with 0 response tokens: dropped (and counted).
     TraceFormat("burstgpt", "csv", "Request tokens", "Response tokens", "Timestamp", "s", "Model",
                 "drop", "BurstGPT (HPMLL/BurstGPT); the Model column becomes the task"),

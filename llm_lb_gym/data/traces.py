@@ -58,6 +58,11 @@ class TraceData:
     """Source line of each request (1 = header), for provenance and error messages."""
     dropped_zero_rows: int = 0
     """Rows removed because a token count was 0 under ``zero_tokens="drop"``."""
+    prefix_hashes: tuple | None = None
+    """Per request the prompt's chained block hash ids (a tuple, or None for a row without
+    them), when the format has a hash column; None otherwise."""
+    hash_block_tokens: int = 0
+    """Tokens per hash block (the format's)."""
 
     def __len__(self) -> int:
         return len(self.prompt_tokens)
@@ -212,11 +217,12 @@ def _read_csv(path: Path, columns: dict[str, str]) -> tuple[dict[str, list[str]]
     return out, np.asarray(lines, dtype=np.int64)
 
 
-def _read_jsonl(path: Path, fields: dict[str, str],
-                text_fields: frozenset = frozenset()) -> tuple[dict[str, list], np.ndarray]:
+def _read_jsonl(path: Path, fields: dict[str, str], text_fields: frozenset = frozenset(),
+                hash_field: str | None = None) -> tuple[dict[str, list], np.ndarray]:
     """The named fields of every JSON object (numbers, or strings for ``text_fields``), plus
-    each object's line number."""
+    each object's line number; ``hash_field`` (optional per row): a list of integer ids."""
     out: dict[str, list] = {name: [] for name in fields.values()}
+    hashes: list = []
     lines: list[int] = []
     with open(path, encoding="utf-8") as f:
         for number, text in enumerate(f, start=1):
@@ -238,7 +244,16 @@ def _read_jsonl(path: Path, fields: dict[str, str],
                 elif isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise TraceFormatError(path, number, name, f"{value!r} is not a number")
                 out[name].append(value)
+            if hash_field is not None:
+                ids = record.get(hash_field)
+                if ids is not None and not (isinstance(ids, list) and all(
+                        isinstance(x, int) and not isinstance(x, bool) for x in ids)):
+                    raise TraceFormatError(path, number, hash_field,
+                                           f"{str(ids)[:40]!r} is not a list of integer ids")
+                hashes.append(None if ids is None else tuple(ids))
             lines.append(number)
+    if hash_field is not None:
+        out[hash_field] = hashes
     return out, np.asarray(lines, dtype=np.int64)
 
 
@@ -272,7 +287,7 @@ def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) ->
     names = fmt.columns
     if fmt.container == "jsonl":
         text = frozenset({fmt.task_column} - {None})
-        raw, lines = _read_jsonl(path, names, text)
+        raw, lines = _read_jsonl(path, names, text, fmt.hash_column)
     else:
         raw, lines = _read_csv(path, names)
     if len(lines) == 0:
@@ -305,5 +320,9 @@ def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) ->
     columns = [prompt[order], decode[order], task_id[order], lines[order]]
     for c in columns:
         c.setflags(write=False)
+    hashes = None
+    if fmt.hash_column is not None and fmt.container == "jsonl":
+        hashes = tuple(raw[fmt.hash_column][i] for i in order)
     return TraceData(str(path), format, arrival, *columns[:3], task_names, columns[3],
-                     dropped_zero_rows=int(zero.sum()))
+                     dropped_zero_rows=int(zero.sum()), prefix_hashes=hashes,
+                     hash_block_tokens=fmt.hash_block_tokens or 0)

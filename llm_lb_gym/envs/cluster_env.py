@@ -16,7 +16,7 @@ from ..limits import grid_index_at_or_after
 from ..policies.drive import decide
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
-from ..sim.metrics import episode_metrics
+from ..sim.metrics import episode_metrics, prefix_cache_metrics
 from ..sim.request import RequestTable
 from ..workload.batch import RequestBatch
 from .actions import coerce_action
@@ -190,7 +190,8 @@ class LLMClusterEnv(gym.Env):
             batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred.tokens, batch.task_id,
             prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
             decode_bucket=ob.decode_scheme.bucket(pred.tokens),
-            inv_ideal_s=1.0 / ideal)
+            inv_ideal_s=1.0 / ideal, prefix_hashes=batch.prefix_hashes,
+            hash_block_tokens=batch.hash_block_tokens)
         self.pred_bucket = pred.bucket
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
                                num_decode_buckets=ob.n_d, check=self.cfg.check_invariants,
@@ -251,6 +252,7 @@ class LLMClusterEnv(gym.Env):
         c = self.cluster
         m = episode_metrics(c.table)
         m["unfinished"] = c.table.n - m["completed"] - m["rejected"]
+        m.update(prefix_cache_metrics(c.engines))
         m["guidance_episode"] = self.guidance_episode
         return m
 

@@ -20,6 +20,7 @@ n_p prompt and n_d decode buckets and no extra features it is the paper's 4 + m 
 | | (extra) ``free_kv_blocks`` | blocks | KV blocks |
 | | (extra) ``waiting_blocks``: KV its waiting requests will need (prompt + predicted decode) | blocks | KV blocks |
 | | (extra) ``time_since_route``: since the router last sent a request there | s | time_scale_s |
+| | (extra) ``cached_prefix``: prompt tokens of the head request cached on the instance (0 without ``engine.enable_prefix_caching``) | tokens | context length |
 
 "Committed tokens" = prompt + predicted decode tokens of every request routed to the instance
 and not finished: the KV the instance will need if nothing finishes, which is why it is the
@@ -41,7 +42,7 @@ from .config import ObsConfig
 
 GLOBAL_FEATURES = ("arrivals_left",)
 CANDIDATE_FEATURES = ("age", "block_need")
-INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route")
+INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route", "cached_prefix")
 FEATURES = GLOBAL_FEATURES + CANDIDATE_FEATURES + INSTANCE_FEATURES
 """Extra features ``ObsConfig.features`` may list (beyond the paper's)."""
 _BIG = np.float32(1e6)
@@ -86,11 +87,13 @@ class ObservationBuilder:
         self.f_free = "free_kv_blocks" in feats
         self.f_wait = "waiting_blocks" in feats
         self.f_since = "time_since_route" in feats
+        self.f_prefix = "cached_prefix" in feats
         self.block_size = block_size
         self.kv_blocks = kv_tokens // block_size
         self.kv_tokens = float(kv_tokens)
         self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need, self.m,
-                                self.n_p + self.n_d + 2 + self.f_free + self.f_wait + self.f_since)
+                                self.n_p + self.n_d + 2 + self.f_free + self.f_wait + self.f_since
+                                + self.f_prefix)
         self.per = self.layout.instance_dim
         self.size = self.layout.size
         self._cand0 = self.layout.global_dim
@@ -137,6 +140,8 @@ class ObservationBuilder:
                 add(0.0, _BIG, s_blocks)
             if self.f_since:
                 add(0.0, _BIG, s_time)
+            if self.f_prefix:
+                add(0.0, context_len, s_tok)
         self.low = np.array(lo, np.float32)
         self.high = np.array(hi, np.float32)
         self.scale = np.array(scale, np.float32)
@@ -163,7 +168,8 @@ class ObservationBuilder:
 
     def _instance_extras(self) -> list[str]:
         return [f for f, on in (("free_kv_blocks", self.f_free), ("waiting_blocks", self.f_wait),
-                                ("time_since_route", self.f_since)) if on]
+                                ("time_since_route", self.f_since),
+                                ("cached_prefix", self.f_prefix)) if on]
 
     def observe(self, cluster, candidates=None):
         """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
@@ -192,7 +198,7 @@ class ObservationBuilder:
                 if self.f_need:
                     vals.append(0)
         kv = self.kv_tokens
-        extras = self.f_free or self.f_wait or self.f_since
+        extras = self.f_free or self.f_wait or self.f_since or self.f_prefix
         for i, e in enumerate(cluster.engines):
             e.observe_into(vals, kv)
             if extras:
@@ -203,6 +209,8 @@ class ObservationBuilder:
                 if self.f_since:   # since the last route there, or since the episode began
                     last = cluster.last_route_s[i]
                     vals.append(t - last if last > 0.0 else t)
+                if self.f_prefix:   # the engine's own lookup (what a cache-aware gateway asks)
+                    vals.append(e.cached_prefix_tokens(q[0]) if q else 0)
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:

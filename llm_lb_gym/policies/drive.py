@@ -66,7 +66,8 @@ def build_table(batch: RequestBatch, pred_decode_tokens=None,
         raise ValueError(f"pred_decode_tokens has shape {pred.shape}, expected ({len(batch)},)")
     buckets = None if decode_scheme is None else decode_scheme.bucket(pred)
     return RequestTable(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred,
-                        batch.task_id, decode_bucket=buckets)
+                        batch.task_id, decode_bucket=buckets, prefix_hashes=batch.prefix_hashes,
+                        hash_block_tokens=batch.hash_block_tokens)
 
 
 def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.random.Generator,

@@ -58,6 +58,10 @@ class EngineConfig:
     """GPU of ``model_config`` (a name of llm_lb_gym.sim.gpus.GPUS)."""
     tensor_parallel: int = 1
     """GPUs per instance for ``model_config``."""
+    enable_prefix_caching: bool = False
+    """Automatic prefix caching (vLLM's option of the same name): KV blocks of prompt prefixes
+    computed before are reused by later requests carrying the same block hashes
+    (docs/prefix_caching.md). Off: the engine never looks at hashes."""
 
     def __post_init__(self) -> None:
         if self.model_config is None and (self.gpu is not None or self.tensor_parallel != 1):
@@ -79,6 +83,7 @@ class EngineConfig:
         check_choice("engine.scheduler", self.scheduler, SCHEDULERS)
         check_bool("engine.chunked_prefill", self.chunked_prefill)
         check_bool("engine.cpu_overhead", self.cpu_overhead)
+        check_bool("engine.enable_prefix_caching", self.enable_prefix_caching)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:
             raise ConfigError(
                 f"engine.max_num_batched_tokens={self.token_budget} must be >= engine.max_num_seqs="

@@ -12,6 +12,11 @@ cdef class Engine:
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
     cdef public long _st_G0
     cdef public double c0, ct, cc, knee, ca, cps, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
+    cdef public long H, hb, ev_blocks, pc_tokens, pc_hit_tokens, pc_re_tokens, pc_re_hit_tokens
+    cdef public long pc_evictions
+    cdef public bint pc
+    cdef public dict kv_ref
+    cdef public object evictable   # an OrderedDict: typed as dict, Cython would bypass its order
     cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
@@ -58,10 +63,24 @@ cdef class Engine:
     @cython.locals(bs=long, free=long, nseq=long, tokens=long, taken=long, skip=bint, L=long,
                    need=long)
     cpdef list _select(self, object budget=*)
+    @cython.locals(n_max=long, n=long)
+    cpdef long _hit_units(self, long rid, long L)
+    cpdef long cached_prefix_tokens(self, long rid)
+    @cython.locals(bs=long, hb=long, H=long, nseq=long, tokens=long, skip=bint, L=long, n=long,
+                   reuse=long, need=long, c=long, i=long)
+    cpdef list _select_cached(self, object budget)
+    @cython.locals(hb=long, i=long, c=long, q=long)
+    cpdef _take(self, long rid, long n, long need, long L)
+    @cython.locals(hb=long, n0=long, n_full=long, i=long, c=long)
+    cpdef _register(self, long rid)
+    @cython.locals(n=long, hb=long, i=long, c=long)
+    cpdef _release(self, long rid)
+    @cython.locals(hb=long)
+    cpdef _evict(self)
     cpdef _start(self, long rid, double s)
     @cython.locals(o=long)
     cpdef _complete_prefill(self, long rid, double end)
-    @cython.locals(s=double, toks=long, pairs=long, L=long, end=double)
+    @cython.locals(s=double, toks=long, pairs=long, L=long, end=double, q=long)
     cpdef _prefill_iteration(self, list admitted)
     @cython.locals(over=double)
     cpdef double _batch_s(self, long n, long pairs, long nseq)

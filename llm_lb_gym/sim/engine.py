@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import OrderedDict
 from itertools import chain
 
 from .batching import get_policy
@@ -107,6 +108,26 @@ class Engine:
         self._pen_version = -1
         self._pen_value = 0.0
         self.n_sat_running = 0
+        # Automatic prefix caching (docs/prefix_caching.md): cached hash blocks of
+        # ``hb`` engine blocks each, by hash id -> reference count; those at 0 are evictable and
+        # sit in ``evictable`` in LRU order (first = least recently used).
+        self.pc = cfg.enable_prefix_caching
+        self.H = self.hb = 0
+        if self.pc and table.hash_block_tokens:
+            if table.hash_block_tokens % self.bs:
+                raise ValueError(
+                    f"hash_block_tokens={table.hash_block_tokens} of the workload must be a "
+                    f"multiple of engine.block_size={self.bs} with enable_prefix_caching")
+            self.H = table.hash_block_tokens
+            self.hb = self.H // self.bs
+        self.kv_ref: dict = {}
+        # OrderedDict, not dict: popping the oldest of a dict that had many deletions at its
+        # front scans the holes (quadratic over an episode).
+        self.evictable = OrderedDict()
+        self.ev_blocks = 0          # engine blocks of the evictable (cached, unreferenced) units
+        self.pc_tokens = self.pc_hit_tokens = 0       # first admissions: prompt / cached tokens
+        self.pc_re_tokens = self.pc_re_hit_tokens = 0  # readmissions after preemption
+        self.pc_evictions = 0
 
     # ------------------------------------------------------------------ public API
     @property
@@ -130,6 +151,8 @@ class Engine:
             self._used_G = self.G
             if self.used > self.peak_used:
                 self.peak_used = self.used
+            if self.ev_blocks and self.used + self.ev_blocks > self.total_blocks:
+                self._evict()
 
     def idle(self) -> bool:
         return not (self.B or self.prefilling or self.preempted_q or self.waiting_q)
@@ -431,6 +454,8 @@ class Engine:
         tb = self.table
         assert o == tb.decode[rid], "finished with a wrong token count"
         self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
+        if self.pc:
+            self._release(rid)
         assert self.used >= 0, "negative KV blocks"
         tb.status[rid] = _FINISHED
         tb.finish_s[rid] = now
@@ -447,6 +472,8 @@ class Engine:
         tb = self.table
         o = self._leave_running(rid)
         self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
+        if self.pc:
+            self._release(rid)
         assert self.used >= 0, "negative KV blocks"
         tb.o_base[rid] = o
         tb.status[rid] = _WAITING
@@ -471,6 +498,8 @@ class Engine:
         Without ``budget`` (no chunking) each request needs its whole ``p + o`` tokens within
         the token budget; with it (chunked prefill) admissions stop when the budget is spent.
         """
+        if self.pc:
+            return self._select_cached(budget)
         tb, bs = self.table, self.bs
         self._sync_used()
         free = self.total_blocks - self.used
@@ -500,6 +529,155 @@ class Engine:
             self._remove_waiting(out)
         return out
 
+    # --------------------------------------------------------- prefix caching
+    def _hit_units(self, rid: int, L: int) -> int:
+        """Leading hash blocks of ``rid``'s prompt cached here, for a prefill of ``L`` tokens:
+        full blocks only, and at most ``(L - 1) // H`` so that one token is computed (vLLM)."""
+        tb = self.table
+        hs = tb.hashes[rid]
+        if hs is None or not self.H:
+            return 0
+        n_max = min(len(hs), tb.prompt[rid] // self.H, (L - 1) // self.H)
+        ref = self.kv_ref
+        n = 0
+        while n < n_max and hs[n] in ref:
+            n += 1
+        return n
+
+    def cached_prefix_tokens(self, rid: int) -> int:
+        """Prompt tokens of request ``rid`` that this instance would reuse if it admitted it
+        now (0 without prefix caching): what a router with engine introspection reads."""
+        if not self.pc or self.table.hashes[rid] is None:
+            return 0
+        self._sync_used()   # evictions due to decode growth happen lazily
+        tb = self.table
+        return self._hit_units(rid, tb.prompt[rid] + tb.o_base[rid]) * self.H
+
+    def _select_cached(self, budget) -> list[int]:
+        """``_select`` with prefix caching: a request needs blocks only for its uncached part,
+        plus the cached blocks that are evictable now (they leave the free pool), and its
+        tokens are the uncached suffix. Admissions are applied one by one, so a request's
+        fresh blocks may evict cached ones that the next request in the walk would have hit."""
+        tb, bs, hb, H = self.table, self.bs, self.hb, self.H
+        self._sync_used()
+        nseq = self.B + len(self.prefilling)
+        tokens = 0
+        skip = self._skip_unfit
+        ref = self.kv_ref
+        out: list[int] = []
+        for r in self._order():
+            if nseq >= self.max_seqs or (budget is not None and budget <= 0):
+                break
+            L = tb.prompt[r] + tb.o_base[r]
+            n = self._hit_units(r, L)
+            reuse = 0
+            if n:
+                hs = tb.hashes[r]
+                for i in range(n):
+                    if not ref[hs[i]]:
+                        reuse += 1
+            need = -(-L // bs) - hb * n
+            c = L - n * H
+            if ((budget is not None or tokens + c <= self.budget)
+                    and self.total_blocks - self.used - need - hb * reuse >= self.watermark):
+                out.append(r)
+                nseq += 1
+                tokens += c
+                self._take(r, n, need, L)
+                if budget is not None:
+                    budget -= c
+            elif not skip:
+                break
+        if out:
+            self._remove_waiting(out)
+        return out
+
+    def _take(self, rid: int, n: int, need: int, L: int) -> None:
+        """Admit ``rid`` with ``n`` cached hash blocks: reference them, allocate ``need`` fresh
+        blocks (evicting least recently used cached blocks when no empty block is left)."""
+        tb, hb, ref, ev = self.table, self.hb, self.kv_ref, self.evictable
+        hs = tb.hashes[rid]
+        for i in range(n):
+            h = hs[i]
+            c = ref[h]
+            if not c:
+                del ev[h]
+                self.ev_blocks -= hb
+                self.used += hb
+            ref[h] = c + 1
+        tb.kv_refs[rid] = n
+        q = n * self.H
+        tb.cached_tokens[rid] = q
+        self.pending_prefill_tokens -= q
+        if tb.preemptions[rid]:
+            self.pc_re_tokens += L
+            self.pc_re_hit_tokens += q
+        else:
+            self.pc_tokens += L
+            self.pc_hit_tokens += q
+        self.used += need
+        if self.used + self.ev_blocks > self.total_blocks:
+            self._evict()
+        if self.used > self.peak_used:
+            self.peak_used = self.used
+        assert self.used <= self.total_blocks, "KV blocks over capacity"
+
+    def _register(self, rid: int) -> None:
+        """The prefill of ``rid`` is computed: its full prompt hash blocks become cached. A
+        block whose hash is cached already (a concurrent request computed the same prefix)
+        is merged into it: the request references the cached one and frees its own copy."""
+        tb = self.table
+        hs = tb.hashes[rid]
+        if hs is None or not self.H:
+            return
+        hb, ref, ev = self.hb, self.kv_ref, self.evictable
+        n0 = tb.kv_refs[rid]
+        n_full = min(len(hs), tb.prompt[rid] // self.H)
+        for i in range(n0, n_full):
+            h = hs[i]
+            c = ref.get(h, -1)
+            if c < 0:     # new: the request's own blocks become the cached copy
+                ref[h] = 1
+            elif c == 0:  # evictable copy: take it back, drop ours (used unchanged)
+                del ev[h]
+                self.ev_blocks -= hb
+                ref[h] = 1
+            else:
+                ref[h] = c + 1
+                self.used -= hb
+        if n_full > n0:
+            tb.kv_refs[rid] = n_full
+
+    def _release(self, rid: int) -> None:
+        """Drop ``rid``'s references; unreferenced blocks stay cached and become evictable,
+        the chain's tail first so that LRU eviction keeps the shared head longest (vLLM)."""
+        tb = self.table
+        n = tb.kv_refs[rid]
+        if not n:
+            return
+        hs, hb, ref, ev = tb.hashes[rid], self.hb, self.kv_ref, self.evictable
+        self.used += hb * n   # the caller freed all its blocks; the shared ones are counted here
+        for i in range(n - 1, -1, -1):
+            h = hs[i]
+            c = ref[h] - 1
+            assert c >= 0, "negative prefix block reference count"
+            ref[h] = c
+            if not c:
+                ev[h] = None
+                self.ev_blocks += hb
+                self.used -= hb
+        tb.kv_refs[rid] = 0
+
+    def _evict(self) -> None:
+        """No empty block left: drop least recently used evictable cached blocks until the
+        blocks in use and the evictable ones fit the cache again."""
+        ev, ref, hb = self.evictable, self.kv_ref, self.hb
+        while self.used + self.ev_blocks > self.total_blocks:
+            h = ev.popitem(last=False)[0]
+            del ref[h]
+            self.ev_blocks -= hb
+            self.pc_evictions += 1
+
     def _remove_waiting(self, out: list[int]) -> None:
         if self._sort_key is None and not self._skip_unfit:   # admitted = a prefix of the order
             k = len(self.preempted_q)
@@ -523,7 +701,11 @@ class Engine:
         """The prefill of ``rid`` finished at ``end``: it emits one token."""
         tb = self.table
         self._leave_prompt_phase(rid)
-        if not self.chunked:   # chunked iterations settle it chunk by chunk
+        if self.pc:
+            self._register(rid)
+            if not self.chunked:   # the cached part was settled at admission
+                self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid] - tb.cached_tokens[rid]
+        elif not self.chunked:   # chunked iterations settle it chunk by chunk
             self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid]
         o = tb.o_base[rid] + 1
         if tb.first_token_s[rid] != tb.first_token_s[rid]:
@@ -538,8 +720,13 @@ class Engine:
         toks = pairs = 0
         for r in admitted:
             L = tb.prompt[r] + tb.o_base[r]
-            toks += L
-            pairs += L * (L + 1) // 2   # causal: a whole prompt, nothing cached
+            if self.pc:   # only the uncached suffix is computed; its attention spans the prefix
+                q = tb.cached_tokens[r]
+                toks += L - q
+                pairs += (L - q) * q + (L - q) * (L - q + 1) // 2   # causal pairs after q cached
+            else:
+                toks += L
+                pairs += L * (L + 1) // 2   # causal: a whole prompt, nothing cached
             self._start(r, s)
         end = s + self._batch_s(toks, pairs, len(admitted))
         self.t = end
@@ -576,6 +763,8 @@ class Engine:
                     break
             if r in self.running:
                 self.used += 1
+                if self.ev_blocks and self.used + self.ev_blocks > self.total_blocks:
+                    self._evict()
         assert self.used <= self.total_blocks, "KV blocks over capacity"
         if self.used > self.peak_used:
             self.peak_used = self.used
@@ -620,14 +809,15 @@ class Engine:
         for r in new:
             self._start(r, s)
             L = tb.prompt[r] + tb.o_base[r]
-            c = min(L, budget)
+            q = tb.cached_tokens[r] if self.pc else 0   # cached prefix: computed already
+            c = min(L - q, budget)
             toks += c
-            pairs += c * (c + 1) // 2
+            pairs += c * q + c * (c + 1) // 2   # causal pairs of a chunk after q cached
             budget -= c
-            tb.prefill_done[r] = c
+            tb.prefill_done[r] = q + c
             self.pending_prefill_tokens -= c
             self.prefilling.append(r)
-            if c == L:
+            if q + c == L:
                 completed.append(r)
         if not self.B and not toks:
             return False
@@ -760,8 +950,32 @@ class Engine:
             S += tb.prompt[r] + o
         for r in self.prefilling:
             held += -(-(tb.prompt[r] + tb.o_base[r]) // bs)
+        if self.pc:
+            held += self._check_prefix_cache()
         assert held == self.used, f"instance {self.index}: blocks {self.used} != {held}"
         assert 0 <= self.used <= self.total_blocks
         assert S == self.S_at + self.B * (G - self.G_S)
         assert self.B == len(self.running) <= self.max_seqs
         assert self.B + len(self.prefilling) <= self.max_seqs
+
+    def _check_prefix_cache(self) -> int:
+        """Reference counts recomputed from the requests; returns the blocks that sharing
+        saves relative to every request holding its own copy (negative)."""
+        tb, hb = self.table, self.hb
+        counts: dict = {}
+        refs = 0
+        for r in chain(self.running, self.prefilling):
+            n = tb.kv_refs[r]
+            refs += n
+            for h in tb.hashes[r][:n] if n else ():
+                counts[h] = counts.get(h, 0) + 1
+        for r in chain(self.preempted_q, self.waiting_q):
+            assert tb.kv_refs[r] == 0, f"waiting request {r} holds cached blocks"
+        for h, c in self.kv_ref.items():
+            assert c >= 0, "negative prefix block reference count"
+            assert c == counts.get(h, 0), f"instance {self.index}: hash {h} refcount {c}"
+            assert (c == 0) == (h in self.evictable)
+        assert len(counts) == sum(1 for c in self.kv_ref.values() if c)
+        assert self.ev_blocks == hb * len(self.evictable)
+        assert self.used + self.ev_blocks <= self.total_blocks, "used + evictable > total"
+        return hb * (len(counts) - refs)

@@ -51,6 +51,33 @@ def _mean(x: np.ndarray) -> float:
     return float(np.mean(x)) if len(x) else math.nan
 
 
+PREFIX_KEYS = ("prefix_hit_rate", "prefix_saved_tokens", "prefix_recompute_hit_rate",
+               "prefix_evictions")
+
+
+def prefix_cache_metrics(engines) -> dict[str, float]:
+    """Prefix caching per instance (suffix ``_i<k>``) and in total (0 where caching is off).
+
+    ``prefix_hit_rate``: prompt tokens reused from the cache / prompt tokens, over the first
+    admission of every request (a hit is capped to leave one token to compute).
+    ``prefix_recompute_hit_rate``: the same over readmissions after preemption (prompt +
+    generated tokens recomputed), counted apart so preemption cannot inflate the first.
+    ``prefix_saved_tokens``: prefill tokens not computed thanks to the cache, both kinds.
+    ``prefix_evictions``: cached hash blocks evicted to make room."""
+    out: dict[str, float] = {}
+    tot = [0, 0, 0, 0, 0]
+    for e in engines:
+        c = (e.pc_tokens, e.pc_hit_tokens, e.pc_re_tokens, e.pc_re_hit_tokens, e.pc_evictions)
+        tot = [a + b for a, b in zip(tot, c)]
+        out[f"prefix_hit_rate_i{e.index}"] = c[1] / c[0] if c[0] else 0.0
+        out[f"prefix_saved_tokens_i{e.index}"] = c[1] + c[3]
+    out["prefix_hit_rate"] = tot[1] / tot[0] if tot[0] else 0.0
+    out["prefix_saved_tokens"] = tot[1] + tot[3]
+    out["prefix_recompute_hit_rate"] = tot[3] / tot[2] if tot[2] else 0.0
+    out["prefix_evictions"] = tot[4]
+    return out
+
+
 def episode_metrics(table: RequestTable) -> dict[str, float]:
     """The episode summary: counts, latency means and percentiles, throughput."""
     lat = request_latencies(table)

@@ -17,6 +17,10 @@ can be held to the same ones):
 - ``bin_packing`` skips any request that does not fit, preempted ones included.
 - A prefilling request holds blocks for its whole ``p + o`` from admission, although its KV is
   written chunk by chunk; the block check counts what is held.
+
+Prefix caching (``enable_prefix_caching``, docs/prefix_caching.md) is kept literal too: a dict
+of cached hash blocks with reference counts and a plain list as the LRU order of the evictable
+ones, admissions applied one at a time, evictions done at the allocation that needs them.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ class RefRequest:
     """True output length d (tokens generated, the first by the prefill)."""
     pred_decode_tokens: float
     """Predicted output length; only the least_work_left scheduler reads it."""
+    prefix_hashes: tuple | None = None
+    """Chained hash ids of the prompt's blocks of ``hash_block_tokens`` (prefix caching)."""
 
 
 @dataclass
@@ -63,6 +69,8 @@ class RefStats:
     peak_blocks: int
     end_s: float
     """End of the last iteration (the finish of the last request)."""
+    prefix_tokens: tuple = (0, 0, 0, 0)
+    """Prefix caching: (prompt tokens, cached tokens) of first admissions, then of readmissions."""
 
 
 class _Seq:
@@ -83,13 +91,22 @@ class _Seq:
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
         self.preemptions = 0
+        self.hashes = req.prefix_hashes
+        self.refs: list = []  # hash ids of the cached blocks it references (a prefix of hashes)
+        self.cached = 0  # prompt tokens reused at the latest admission
 
 
 class _Instance:
     """One engine: waiting queues, running set, block pool, clock."""
 
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, hash_block_tokens: int = 0):
         self.cfg = cfg
+        # Prefix caching: hash id -> reference count; ``lru`` = evictable ids, oldest first.
+        self.H = hash_block_tokens if cfg.enable_prefix_caching else 0
+        self.hb = self.H // cfg.block_size
+        self.cache: dict = {}
+        self.lru: list = []
+        self.counts = [0, 0, 0, 0]
         self.bs = cfg.block_size
         self.total = cfg.total_blocks
         self.wm = cfg.watermark_blocks
@@ -113,12 +130,60 @@ class _Instance:
         assert n <= self.free_blocks(), f"allocating {n} blocks with {self.free_blocks()} free"
         seq.blocks += n
         self.used += n
+        # No empty block left: evict least recently used cached blocks.
+        while self.used + self.hb * len(self.lru) > self.total:
+            del self.cache[self.lru.pop(0)]
         self.peak = max(self.peak, self.used)
 
     def release(self, seq: _Seq) -> None:
         self.used -= seq.blocks
         seq.blocks = 0
+        for h in reversed(seq.refs):  # tail first into the LRU order
+            self.cache[h] -= 1
+            if self.cache[h] == 0:
+                self.lru.append(h)
+                self.used -= self.hb
+        seq.refs = []
         assert self.used >= 0
+
+    # ---- prefix caching ---------------------------------------------------------------------
+    def hit_blocks(self, seq: _Seq) -> int:
+        """Leading full hash blocks cached, leaving at least one token to compute."""
+        if not self.H or seq.hashes is None:
+            return 0
+        limit = min(len(seq.hashes), seq.p // self.H, (seq.p + seq.o - 1) // self.H)
+        n = 0
+        while n < limit and seq.hashes[n] in self.cache:
+            n += 1
+        return n
+
+    def take_cached(self, seq: _Seq, n: int) -> None:
+        for h in seq.hashes[:n]:
+            if self.cache[h] == 0:
+                self.lru.remove(h)
+                self.used += self.hb
+            self.cache[h] += 1
+        seq.refs = list(seq.hashes[:n])
+        seq.cached = n * self.H
+        k = 2 if seq.preemptions else 0
+        self.counts[k] += seq.p + seq.o
+        self.counts[k + 1] += seq.cached
+
+    def register(self, seq: _Seq) -> None:
+        """Prefill computed: its full prompt blocks become cached (merged with a cached copy)."""
+        if not self.H or seq.hashes is None:
+            return
+        for h in seq.hashes[len(seq.refs):min(len(seq.hashes), seq.p // self.H)]:
+            seq.blocks -= self.hb
+            if h not in self.cache:
+                self.cache[h] = 1
+            else:
+                if self.cache[h] == 0:
+                    self.lru.remove(h)
+                else:
+                    self.used -= self.hb
+                self.cache[h] += 1
+            seq.refs.append(h)
 
     # ---- queue order ------------------------------------------------------------------------
     def scheduler_order(self) -> list[_Seq]:
@@ -134,11 +199,14 @@ class _Instance:
             self.preempted.remove(seq)
         else:
             self.fresh.remove(seq)
-        self.allocate(seq, math.ceil((seq.p + seq.o) / self.bs))
+        n = self.hit_blocks(seq)
+        if self.H:
+            self.take_cached(seq, n)
+        self.allocate(seq, math.ceil((seq.p + seq.o) / self.bs) - self.hb * n)
         self.admissions += 1
         seq.admitted_at = self.admissions
         seq.prefill_len = seq.p + seq.o
-        seq.prefill_done = 0
+        seq.prefill_done = seq.cached if self.H else 0
         seq.state = "prefilling"
         if seq.first_scheduled_s is None:
             seq.first_scheduled_s = now
@@ -146,6 +214,9 @@ class _Instance:
     def fits(self, seq: _Seq, seqs_so_far: int, blocks_so_far: int) -> bool:
         """Sequence limit and watermark; the token check differs per mode and is done by callers."""
         need = math.ceil((seq.p + seq.o) / self.bs)
+        if self.H:  # cached blocks need no new block, but evictable ones leave the free pool
+            hits = seq.hashes[:self.hit_blocks(seq)] if seq.hashes else []
+            need -= self.hb * sum(1 for h in hits if self.cache[h] > 0)
         return (seqs_so_far < self.cfg.max_num_seqs
                 and self.free_blocks() - blocks_so_far - need >= self.wm)
 
@@ -163,6 +234,7 @@ class _Instance:
                 self.running.remove(seq)
 
     def finish_prefill(self, seq: _Seq, end: float) -> None:
+        self.register(seq)
         self.prefilling.remove(seq)
         seq.state = "running"
         self.running.append(seq)
@@ -183,7 +255,7 @@ class _Instance:
         for seq in sorted(self.running, key=lambda s: s.admitted_at):
             if seq.state != "running":
                 continue  # preempted earlier in this walk
-            need = math.ceil((seq.p + seq.o) / self.bs) - seq.blocks
+            need = math.ceil((seq.p + seq.o) / self.bs) - seq.blocks - self.hb * len(seq.refs)
             assert need in (0, 1), f"request {seq.req.rid} needs {need} new blocks"
             while need == 1:
                 if self.free_blocks() >= 1:
@@ -207,6 +279,16 @@ class _Instance:
         blocks = 0
         for seq in self.scheduler_order():
             seq_tokens = seq.p + seq.o
+            if self.H:  # prefix caching: admit at once (the next lookup sees its evictions)
+                if (self.fits(seq, len(self.running) + len(admitted), 0)
+                        and tokens + seq_tokens - self.hit_blocks(seq) * self.H <= self.cfg.token_budget):
+                    self.admit(seq, now)
+                    self.prefilling.append(seq)
+                    admitted.append(seq)
+                    tokens += seq_tokens - seq.cached
+                elif not self.policy.skip_unfit:
+                    break
+                continue
             ok = (self.fits(seq, len(self.running) + len(admitted), blocks)
                   and tokens + seq_tokens <= self.cfg.token_budget)
             if ok:
@@ -216,12 +298,14 @@ class _Instance:
             elif not self.policy.skip_unfit:
                 break
         if admitted:
-            for seq in admitted:
-                self.admit(seq, now)
-                self.prefilling.append(seq)
-            dur = self.lat.iteration_s(prefill_tokens=sum(s.prefill_len for s in admitted),
-                                       prefill_attn_pairs=sum(causal_pairs(s.prefill_len) for s in admitted),
-                                       prefill_seqs=len(admitted))
+            if not self.H:
+                for seq in admitted:
+                    self.admit(seq, now)
+                    self.prefilling.append(seq)
+            dur = self.lat.iteration_s(
+                prefill_tokens=sum(s.prefill_len - s.cached for s in admitted),
+                prefill_attn_pairs=sum(causal_pairs(s.prefill_len - s.cached, s.cached) for s in admitted),
+                prefill_seqs=len(admitted))
             end = now + dur
             for seq in admitted:
                 seq.prefill_done = seq.prefill_len
@@ -255,8 +339,8 @@ class _Instance:
             if self.fits(seq, len(self.running) + len(self.prefilling), 0):
                 self.admit(seq, now)
                 self.prefilling.append(seq)
-                chunk = min(seq.prefill_len, budget_left)
-                chunks.append((seq, chunk, 0))
+                chunk = min(seq.prefill_len - seq.prefill_done, budget_left)
+                chunks.append((seq, chunk, seq.prefill_done))
                 budget_left -= chunk
             elif not self.policy.skip_unfit:
                 break
@@ -280,16 +364,24 @@ class _Instance:
 
     # ---- invariants -------------------------------------------------------------------------
     def expected_blocks(self, seq: _Seq) -> int:
-        """Blocks a request must hold, from its state alone."""
+        """Blocks a request must hold privately (beyond the cached ones it references)."""
+        shared = self.hb * len(seq.refs)
         if seq.state == "prefilling":
-            return math.ceil(seq.prefill_len / self.bs)  # reserved for the whole prefill
+            return math.ceil(seq.prefill_len / self.bs) - shared  # reserved for the whole prefill
         if seq.state == "running":
-            return math.ceil((seq.p + seq.o - 1) / self.bs)  # the newest token has no KV yet
+            return math.ceil((seq.p + seq.o - 1) / self.bs) - shared  # newest token: no KV yet
         return 0
 
     def check_invariants(self, seqs: list[_Seq]) -> None:
         assert 0 <= self.used <= self.total, f"used blocks {self.used} outside [0, {self.total}]"
-        from_scratch = sum(self.expected_blocks(s) for s in seqs)
+        refs: dict = {}
+        for s in seqs:
+            for h in s.refs:
+                refs[h] = refs.get(h, 0) + 1
+        assert {h: c for h, c in self.cache.items() if c} == refs, "reference counts"
+        assert sorted(self.lru) == sorted(h for h, c in self.cache.items() if c == 0)
+        assert self.used + self.hb * len(self.lru) <= self.total, "used + evictable > total"
+        from_scratch = sum(self.expected_blocks(s) for s in seqs) + self.hb * len(refs)
         assert self.used == from_scratch, f"used blocks {self.used} != {from_scratch} recomputed"
         for s in seqs:
             assert s.blocks == self.expected_blocks(s), f"request {s.req.rid} holds {s.blocks}"
@@ -308,8 +400,8 @@ def _assert_admissible(req: RefRequest, cfg: EngineConfig) -> None:
         assert p <= cfg.token_budget, f"request {req.rid} exceeds max_num_batched_tokens"
 
 
-def simulate_reference(requests: list[RefRequest], cfg: EngineConfig,
-                       check: bool = True) -> tuple[list[RefResult], RefStats]:
+def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: bool = True,
+                       hash_block_tokens: int = 0) -> tuple[list[RefResult], RefStats]:
     """Run one instance iteration by iteration until every request has finished.
 
     ``requests`` must be sorted by ``route_s``; ties join the queue in list order. With
@@ -319,7 +411,9 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig,
         assert a.route_s <= b.route_s, "requests must be sorted by route_s"
     for req in requests:
         _assert_admissible(req, cfg)
-    inst = _Instance(cfg)
+    if cfg.enable_prefix_caching and hash_block_tokens:
+        assert hash_block_tokens % cfg.block_size == 0, "hash_block_tokens % block_size != 0"
+    inst = _Instance(cfg, hash_block_tokens)
     seqs = [_Seq(r, i) for i, r in enumerate(requests)]
     step = inst.step_chunked if cfg.chunked_prefill else inst.step_unchunked
     nxt = 0  # index of the next request not yet routed
@@ -345,5 +439,5 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig,
             inst.check_invariants(seqs)
     results = [RefResult(s.req.rid, s.first_scheduled_s, s.first_token_s, s.finish_s, s.preemptions)
                for s in seqs]
-    stats = RefStats(inst.iterations, inst.preemption_count, inst.peak, now)
+    stats = RefStats(inst.iterations, inst.preemption_count, inst.peak, now, tuple(inst.counts))
     return results, stats

@@ -53,9 +53,17 @@ class RequestTable:
     """Column store of one episode's requests (static fields + lifecycle)."""
 
     def __init__(self, arrival_s, prompt_tokens, decode_tokens, pred_decode_tokens,
-                 task_id=None, prompt_bucket=None, decode_bucket=None, inv_ideal_s=None):
+                 task_id=None, prompt_bucket=None, decode_bucket=None, inv_ideal_s=None,
+                 prefix_hashes=None, hash_block_tokens=0):
         n = len(arrival_s)
         self.n = n
+        # Prefix caching: per request a tuple of chained block hash ids (id i names the prompt's
+        # tokens [0, (i+1) * hash_block_tokens)) or None; None for the whole table costs one
+        # list of Nones. Read only by engines with enable_prefix_caching.
+        if prefix_hashes is not None and len(prefix_hashes) != n:
+            raise ValueError(f"prefix_hashes has {len(prefix_hashes)} rows, expected {n}")
+        self.hashes: list = [None] * n if prefix_hashes is None else list(prefix_hashes)
+        self.hash_block_tokens: int = int(hash_block_tokens)
         self.arrival_s: list[float] = [float(x) for x in arrival_s]
         self.prompt: list[int] = [int(x) for x in prompt_tokens]
         self.decode: list[int] = [int(x) for x in decode_tokens]
@@ -80,6 +88,8 @@ class RequestTable:
         self.admit_seq: list[int] = [-1] * n
         self.prefill_done: list[int] = [0] * n   # tokens of the current prefill already computed
         self.saturated: list[bool] = [False] * n  # generated >= predicted (reward term is 0)
+        self.kv_refs: list[int] = [0] * n        # leading hash blocks it holds references on
+        self.cached_tokens: list[int] = [0] * n  # prompt tokens reused at its latest admission
 
     def row(self, rid: int) -> Request:
         return Request(rid, self.arrival_s[rid], self.prompt[rid], self.decode[rid], self.pred[rid],

@@ -31,7 +31,8 @@ def round_robin_route() -> RouteFn:
 
 def make_table(batch: RequestBatch, pred_decode_tokens=None) -> RequestTable:
     pred = batch.decode_tokens if pred_decode_tokens is None else pred_decode_tokens
-    return RequestTable(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred, batch.task_id)
+    return RequestTable(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred, batch.task_id,
+                        prefix_hashes=batch.prefix_hashes, hash_block_tokens=batch.hash_block_tokens)
 
 
 def simulate(batch: RequestBatch, cfg: ClusterConfig, route: RouteFn | None = None, *,

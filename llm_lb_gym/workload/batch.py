@@ -33,6 +33,12 @@ class RequestBatch:
     """Prompt texts, when the workload has them (the transformer predictor reads them)."""
     meta: dict = field(default_factory=dict)
     """Free-form provenance (source file, rate scale, ...)."""
+    prefix_hashes: tuple | None = None
+    """Per request a tuple of chained hash ids of its prompt's blocks of ``hash_block_tokens``
+    tokens (id i names tokens [0, (i+1) * hash_block_tokens); equal ids = equal prefixes), or
+    None; read by engines with prefix caching. None for the whole batch: no prefix data."""
+    hash_block_tokens: int = 0
+    """Tokens per hash block (Mooncake traces: 512); a multiple of the engine's block size."""
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
@@ -41,6 +47,13 @@ class RequestBatch:
                 raise ValueError(f"RequestBatch.{name} has {len(getattr(self, name))} rows, expected {n}")
         if self.texts is not None and len(self.texts) != n:
             raise ValueError(f"RequestBatch.texts has {len(self.texts)} rows, expected {n}")
+        if self.prefix_hashes is not None:
+            if len(self.prefix_hashes) != n:
+                raise ValueError(f"RequestBatch.prefix_hashes has {len(self.prefix_hashes)} rows, "
+                                 f"expected {n}")
+            if not (isinstance(self.hash_block_tokens, (int, np.integer)) and self.hash_block_tokens >= 1):
+                raise ValueError(f"RequestBatch.hash_block_tokens={self.hash_block_tokens!r} must be "
+                                 "an integer >= 1 when prefix_hashes are given")
         if n:
             if np.any(np.diff(self.arrival_s) < 0):
                 raise ValueError("RequestBatch.arrival_s must be non-decreasing")
@@ -61,7 +74,8 @@ class RequestBatch:
 
     @staticmethod
     def from_arrays(arrival_s, prompt_tokens, decode_tokens, task_id=None,
-                    task_names=("default",), texts=None, meta=None) -> "RequestBatch":
+                    task_names=("default",), texts=None, meta=None, prefix_hashes=None,
+                    hash_block_tokens=0) -> "RequestBatch":
         """Build a batch, coercing dtypes and sorting by arrival (stable, so ties keep order)."""
         arrival_s = np.asarray(arrival_s, dtype=np.float64)
         order = np.argsort(arrival_s, kind="stable")
@@ -75,6 +89,9 @@ class RequestBatch:
             task_names=tuple(task_names),
             texts=None if texts is None else tuple(texts[i] for i in order),
             meta=dict(meta or {}),
+            prefix_hashes=None if prefix_hashes is None else tuple(
+                None if prefix_hashes[i] is None else tuple(prefix_hashes[i]) for i in order),
+            hash_block_tokens=int(hash_block_tokens),
         )
 
 

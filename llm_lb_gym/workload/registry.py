@@ -134,6 +134,20 @@ class _Trace:
                              dataset=self.dataset if path is None else None, **options)
 
 
+_CONVERSATION_KEYS = ("num_system_prompts", "system_prompt_tokens", "turns_per_conversation",
+                      "user_message_tokens", "response_tokens", "length_log_sigma", "think_time_s",
+                      "max_context_tokens", "hash_block_tokens")
+
+
+def _conversation(**options) -> Workload:
+    """Multi-turn conversations behind shared system prompts, with prefix hash ids."""
+    from .conversation import ConversationWorkload
+
+    reject_unknown("conversation", options, _CONVERSATION_KEYS + _ARRIVAL_OPTION_NAMES)
+    arrivals = _pop_arrivals(options, PoissonArrivals(DEFAULT_RATE_RPS))
+    return ConversationWorkload(arrivals=arrivals, **options)
+
+
 _CORPUS_KEYS = ("path", "task_filter", "split", "test_fraction", "max_prompt_tokens",
                 "max_context_tokens")
 
@@ -153,6 +167,7 @@ def _corpus(**options) -> Workload:
 WORKLOADS: dict[str, _Generated | _Trace] = {
     "corpus": _Generated(_corpus),
     "task_mix": _Generated(_task_mix),
+    "conversation": _Generated(_conversation),
     **{name: _Trace(name, ds.format, name) for name, ds in trace_datasets().items()},
     "mooncake": _Trace("mooncake", "mooncake"),
     "burstgpt": _Trace("burstgpt", "burstgpt"),

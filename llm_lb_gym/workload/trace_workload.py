@@ -59,6 +59,7 @@ class _Rows:
     decode_tokens: np.ndarray
     task_id: np.ndarray
     filtered_rows: int
+    prefix_hashes: tuple | None = None
 
 
 @dataclass(frozen=True)
@@ -133,10 +134,12 @@ class TraceWorkload:
             keep &= d.prompt_tokens < self.max_context_tokens
             decode = np.minimum(decode, self.max_context_tokens - d.prompt_tokens)
         if keep.all():
-            return _Rows(d.arrival_s, d.prompt_tokens, decode, d.task_id, 0)
+            return _Rows(d.arrival_s, d.prompt_tokens, decode, d.task_id, 0, d.prefix_hashes)
         arrival = None if d.arrival_s is None else d.arrival_s[keep]
+        hashes = None if d.prefix_hashes is None else tuple(
+            h for h, k in zip(d.prefix_hashes, keep) if k)
         return _Rows(arrival, d.prompt_tokens[keep], decode[keep], d.task_id[keep],
-                     int((~keep).sum()))
+                     int((~keep).sum()), hashes)
 
     def _length_rows(self, rng: np.random.Generator, n: int, num_rows: int) -> np.ndarray:
         """Row indices for a length-only file: distinct random rows, or the head, cycling."""
@@ -167,4 +170,6 @@ class TraceWorkload:
                   "rate_scale": self.rate_scale, "first_row": int(idx[0]) if n else None,
                   "wrapped": n > num_rows, "rows": num_rows,
                   "filtered_rows": rows.filtered_rows,
-                  "dropped_zero_rows": self.data.dropped_zero_rows})
+                  "dropped_zero_rows": self.data.dropped_zero_rows},
+            prefix_hashes=None if rows.prefix_hashes is None else [rows.prefix_hashes[i] for i in idx],
+            hash_block_tokens=self.data.hash_block_tokens)
