@@ -24,8 +24,9 @@ from llm_lb_gym.sim.request import RequestTable, Status
 from llm_lb_gym.sim.simulate import simulate
 from llm_lb_gym.workload.batch import RequestBatch
 
-LAT = LatencyModel(base_s=0.01, prefill_token_s=2e-4, prefill_attn_s=1e-8, decode_seq_s=1e-4,
-                   decode_ctx_s=5e-7)
+LAT = LatencyModel(base_s=0.01, token_s=5e-5, compute_token_s=2e-4, knee_tokens=48,
+                   prefill_attn_s=1e-8, decode_seq_s=1e-4, decode_ctx_s=5e-7, cpu_base_s=1e-3,
+                   cpu_seq_s=2e-5)
 
 
 def shared_prefix_workload(seed: int, n: int, rate: float, max_p: int, max_d: int, H: int,
@@ -96,19 +97,20 @@ def test_prefix_caching_engine_matches_reference(seed, scheduler, chunked, block
     assert e.ev_blocks == e.hb * len(e.evictable) <= e.total_blocks
 
 
-GOLDEN_LAT = LatencyModel(base_s=0.01, prefill_token_s=1e-3, prefill_attn_s=1e-5,
-                          decode_seq_s=0.0, decode_ctx_s=0.0)
+GOLDEN_LAT = LatencyModel(base_s=0.01, token_s=1e-3, prefill_attn_s=1e-5)
 
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_golden_hit_worked_by_hand(chunked):
-    """Block size 4, hash blocks of 4 tokens, one request at a time.
-    A (p=9, chain 1,2,3) at 0: nothing cached, 9 tokens: 0.01 + 9e-3 + 81e-5 = 0.01981.
+    """Block size 4, hash blocks of 4 tokens, one request at a time; causal pairs of c tokens
+    after q cached: c q + c (c + 1) / 2.
+    A (p=9, chain 1,2,3) at 0: nothing cached, 9 tokens, 45 pairs: 0.01 + 9e-3 + 45e-5 = 0.01945.
         Its two full blocks (ids 1, 2) become cached; the partial third is not.
-    B (p=10, chain 1,2,5) at 1: hits 1, 2 (8 tokens), computes 2 with attention over 10:
-        0.01 + 2e-3 + 2 * 10 * 1e-5 = 0.0122.
+    B (p=10, chain 1,2,5) at 1: hits 1, 2 (8 tokens), computes 2 after 8 cached, 16 + 3 pairs:
+        0.01 + 2e-3 + 19e-5 = 0.01219.
     C (p=8, chain 1,2) at 2: both blocks cached, but one token must be computed, so only
-        block 1 is reused (vLLM's cap): 4 tokens, 0.01 + 4e-3 + 4 * 8 * 1e-5 = 0.01432."""
+        block 1 is reused (vLLM's cap): 4 tokens after 4, 16 + 10 pairs: 0.01 + 4e-3 + 26e-5
+        = 0.01426."""
     cfg = EngineConfig(block_size=4, num_kv_blocks=20, max_num_seqs=4, max_model_len=64,
                        max_num_batched_tokens=64, chunked_prefill=chunked, latency=GOLDEN_LAT,
                        enable_prefix_caching=True)
@@ -116,7 +118,7 @@ def test_golden_hit_worked_by_hand(chunked):
                          prefix_hashes=[(1, 2, 3), (1, 2, 5), (1, 2)], hash_block_tokens=4)
     batch = RequestBatch.from_arrays([0.0, 1.0, 2.0], [9, 10, 8], [1, 1, 1])
     cluster = simulate(batch, ClusterConfig(num_instances=1, engine=cfg), table=table, check=True)
-    assert table.first_token_s == pytest.approx([0.01981, 1.0122, 2.01432], rel=1e-12)
+    assert table.first_token_s == pytest.approx([0.01945, 1.01219, 2.01426], rel=1e-12)
     e = cluster.engines[0]
     assert (e.pc_tokens, e.pc_hit_tokens) == (27, 12)
     assert set(e.evictable) == {1, 2} and e.used == 0
@@ -125,7 +127,8 @@ def test_golden_hit_worked_by_hand(chunked):
                        prefix_hashes=[(1, 2, 3), (1, 2, 5), (1, 2)], hash_block_tokens=4)
     simulate(batch, ClusterConfig(num_instances=1, engine=EngineConfig(
         **{**cfg.__dict__, "enable_prefix_caching": False})), table=off, check=True)
-    assert off.first_token_s == pytest.approx([0.01981, 1.021, 2.01864], rel=1e-12)
+    # A 0.01945 as above; B 10 tokens, 55 pairs: 0.02055; C 8 tokens, 36 pairs: 0.01836.
+    assert off.first_token_s == pytest.approx([0.01945, 1.02055, 2.01836], rel=1e-12)
 
 
 def test_lru_eviction_keeps_the_shared_head():
