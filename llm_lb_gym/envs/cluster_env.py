@@ -18,13 +18,14 @@ from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics
 from ..sim.request import RequestTable
+from ..sim.speed import InstanceSpeeds
 from ..workload.batch import RequestBatch
 from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
 from .observation import ObservationBuilder
 from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
-from .reward import guidance_term, guidance_weight, ideal_latency_s
+from .reward import guidance_term, guidance_weight
 from .routers import make_env_router
 
 
@@ -99,16 +100,19 @@ class LLMClusterEnv(gym.Env):
         self.cfg = EnvConfig(**options)
         cfg = self.cfg
         self.m = cfg.num_instances
-        self.cluster_cfg = ClusterConfig(num_instances=self.m, engine=cfg.engine, fast=cfg.fast)
-        eng = cfg.engine
-        self.latency = eng.latency_model
+        self.cluster_cfg = ClusterConfig(num_instances=self.m, engine=cfg.engine, fast=cfg.fast,
+                                         instances=cfg.instances)
+        engines = self.cluster_cfg.engines
+        # Speed and KV size per instance, and the reward's T_j (``sim/speed.py``).
+        self.speeds = InstanceSpeeds(engines)
         self.workload = build_workload(cfg.workload, cfg.arrival_rate_rps)
         self.predictor = build_predictor(cfg.predictor)
         act = cfg.action
         self.k = act.candidates
         self.obs_builder = ObservationBuilder(
-            cfg.obs, self.m, cfg.num_requests, eng.max_num_seqs, eng.context_len,
-            eng.total_blocks * eng.block_size, num_candidates=self.k, block_size=eng.block_size)
+            cfg.obs, self.m, cfg.num_requests, [e.max_num_seqs for e in engines],
+            max(e.context_len for e in engines), self.speeds.kv_tokens, num_candidates=self.k,
+            block_size=[e.block_size for e in engines], relative_speed=self.speeds.relative_speed)
         self.obs_layout = self.obs_builder.layout
         self.observation_space = self.obs_builder.space()
         self.defer_action = self.k * self.m
@@ -185,7 +189,7 @@ class LLMClusterEnv(gym.Env):
         self.batch = batch
         pred = self.predictor.predict(batch, rng)
         ob = self.obs_builder
-        ideal = ideal_latency_s(self.latency, batch.prompt_tokens, pred.tokens)
+        ideal = self.speeds.ideal_latency_s(batch.prompt_tokens, pred.tokens)
         table = RequestTable(
             batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred.tokens, batch.task_id,
             prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),

@@ -20,6 +20,11 @@ Two calling conventions:
   router has it, and routes with ``cluster.route(instance, position)``; ``drive.decide`` does
   exactly this, so drivers should go through it.
 
+Mixed clusters (instances of different speed or size): routers that balance load compare
+instances in seconds, not tokens or counts, through ``cluster.speeds`` (``sim/speed.py``, the
+one definition of an instance's speed and a request's estimated service time there); see
+``load_s``. In a homogeneous cluster they keep their token or count rules exactly.
+
 Ties always break to the lowest instance index, so every router except ``random`` and
 ``power_of_two`` is a deterministic function of the cluster state, and those two draw only from
 the generator handed to ``reset``.
@@ -122,3 +127,13 @@ def work_left_tokens(engine) -> float:
     processed"); both terms are O(1) aggregates of the engine.
     """
     return engine.pending_prefill_tokens + engine.decode_tokens_left()
+
+
+def load_s(cluster, i: int, backlog_tokens: float, rid: int) -> float:
+    """Mixed clusters: when request ``rid`` would finish on instance ``i`` if it queued behind a
+    backlog of ``backlog_tokens`` tokens there: the backlog in seconds of i's time plus rid's
+    estimated service time on i (``InstanceSpeeds``). Routers call it only when
+    ``cluster.speeds.homogeneous`` is False: on identical instances the token count orders them
+    the same way, and rescaling it could only break ties differently by rounding."""
+    sp, tb = cluster.speeds, cluster.table
+    return sp.backlog_s(i, backlog_tokens) + sp.service_s(i, tb.prompt[rid], tb.pred[rid])

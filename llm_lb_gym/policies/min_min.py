@@ -16,6 +16,13 @@ Bucket upper bounds come from ``decode_edges_tokens``, which must be the interio
 scheme that filled ``table.decode_bucket`` (the env's decode bucket scheme: pass
 ``scheme.edges_tokens``). A request in the open-ended last bucket, or any request when no edges
 are given (one open bucket, the table's default), is sized by its predicted tokens.
+
+Mixed clusters (instances of different speed): the minimum over pairs no longer separates, and
+the instance is the one where the chosen job would finish first: ready time = backlog in seconds
+of that instance's time, plus the job's estimated service time there (prompt and its decode-bucket
+upper bound through the instance's latency model, ``sim/speed.py``). The job is still the
+shortest in tokens (an exact min over all pairs would cost queue length x instances latency
+evaluations per decision).
 """
 
 from __future__ import annotations
@@ -69,13 +76,23 @@ class MinMin(RouterBase):
                 f"{list(edges)} define {len(edges) + 1} buckets; pass the env's bucket edges")
         return tb.prompt[rid] + decode
 
+    def instance_for(self, cluster, rid: int) -> int:
+        """The earliest-ready instance (mixed cluster: where ``rid`` would finish first)."""
+        if cluster.speeds.homogeneous:
+            return argmin(work_left_tokens(e) for e in cluster.engines)
+        sp = cluster.speeds
+        p = cluster.table.prompt[rid]
+        decode = self.job_tokens(cluster, rid) - p
+        return argmin(sp.backlog_s(i, work_left_tokens(e)) + sp.service_s(i, p, decode)
+                      for i, e in enumerate(cluster.engines))
+
     def select(self, cluster, rid: int) -> int:
         self._require_reset(cluster)
-        return argmin(work_left_tokens(e) for e in cluster.engines)
+        return self.instance_for(cluster, rid)
 
     def select_from_queue(self, cluster) -> tuple[int, int] | None:
         self._require_reset(cluster)
         if not cluster.queue:
             return None
         pos = argmin(self.job_tokens(cluster, rid) for rid in cluster.queue)
-        return pos, argmin(work_left_tokens(e) for e in cluster.engines)
+        return pos, self.instance_for(cluster, cluster.queue[pos])
