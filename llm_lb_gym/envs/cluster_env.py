@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -23,7 +24,7 @@ from ..workload.batch import RequestBatch
 from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
-from .observation import ObservationBuilder
+from .observation import MIXED_CLUSTER_FEATURES, ObservationBuilder
 from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
 from .reward import guidance_term, guidance_weight
 from .routers import make_env_router
@@ -105,12 +106,17 @@ class LLMClusterEnv(gym.Env):
         engines = self.cluster_cfg.engines
         # Speed and KV size per instance, and the reward's T_j (``sim/speed.py``).
         self.speeds = InstanceSpeeds(engines)
+        obs_cfg = cfg.obs
+        if not self.speeds.homogeneous:   # without them an agent cannot tell the instances apart
+            extra = tuple(f for f in MIXED_CLUSTER_FEATURES if f not in obs_cfg.features)
+            obs_cfg = dataclasses.replace(obs_cfg, features=obs_cfg.features + extra)
+        self.obs_cfg = obs_cfg
         self.workload = build_workload(cfg.workload, cfg.arrival_rate_rps)
         self.predictor = build_predictor(cfg.predictor)
         act = cfg.action
         self.k = act.candidates
         self.obs_builder = ObservationBuilder(
-            cfg.obs, self.m, cfg.num_requests, [e.max_num_seqs for e in engines],
+            obs_cfg, self.m, cfg.num_requests, [e.max_num_seqs for e in engines],
             max(e.context_len for e in engines), self.speeds.kv_tokens, num_candidates=self.k,
             block_size=[e.block_size for e in engines], relative_speed=self.speeds.relative_speed)
         self.obs_layout = self.obs_builder.layout

@@ -25,7 +25,8 @@ n_p prompt and n_d decode buckets and no extra features it is the paper's 4 + m 
 
 Mixed clusters (``EnvConfig.instances``): each instance's counts are normalised by its own
 ``max_num_seqs``, its capacity and block features by its own KV cache (so 0.5 means "half of
-this instance's cache"); ``speed`` and ``kv_size`` tell the instances apart. A candidate's
+this instance's cache"); ``speed`` and ``kv_size`` tell the instances apart, so the env turns
+them on in every mixed cluster (appended to ``obs.features`` when not listed). A candidate's
 ``block_need`` is in blocks of the instance with the largest KV cache, normalised by its blocks.
 In a homogeneous cluster all of this is the single instance type's value, as before.
 
@@ -50,6 +51,8 @@ from .config import ObsConfig
 GLOBAL_FEATURES = ("arrivals_left",)
 CANDIDATE_FEATURES = ("age", "block_need")
 INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route", "speed", "kv_size")
+MIXED_CLUSTER_FEATURES = ("speed", "kv_size")
+"""Always on in a mixed cluster (appended to ``ObsConfig.features`` when not listed)."""
 FEATURES = GLOBAL_FEATURES + CANDIDATE_FEATURES + INSTANCE_FEATURES
 """Extra features ``ObsConfig.features`` may list (beyond the paper's)."""
 _BIG = np.float32(1e6)

@@ -203,3 +203,14 @@ class ClusterConfig:
             return True
         first = self.instances[0]
         return all(e == first for e in self.instances)
+
+    def describe(self) -> str:
+        """Instances by preset, in order: ``4 x llama2-7b-v100``, ``2 x llama2-7b-a100 + 2 x
+        llama2-7b-v100`` (run records and result headers)."""
+        runs: list[list] = []
+        for e in self.engines:
+            if runs and runs[-1][0] == e:
+                runs[-1][1] += 1
+            else:
+                runs.append([e, 1])
+        return " + ".join(f"{n} x {e.preset}" for e, n in runs)
