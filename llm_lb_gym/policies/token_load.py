@@ -4,8 +4,8 @@ The paper's token-aware baselines (App. A.1-A.2): Join Shortest Queue in tokens,
 Balancer, and Dedicated Small-Large. All three read the engines' O(1) aggregates
 (``pending_prefill_tokens``, ``decode_tokens_left()``) and the request's predicted decode
 tokens, never its true length. In a mixed cluster each instance's backlog is converted to
-seconds of its own time and the request's own estimated service time there is added
-(``base.load_s``): a token on a V100 takes longer than on an A100.
+seconds of its own time, ties to the faster instance (``base.load_s``): a token on a V100 takes
+longer than on an A100.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .base import RouterBase, argmin, load_s, work_left_tokens
 
 class JoinShortestQueue(RouterBase):
     """The instance with the fewest prompt + predicted decode tokens yet to be processed (mixed
-    cluster: the earliest estimated finish of the request, ``base.load_s``)."""
+    cluster: the least of them in seconds of each instance's time, ``base.load_s``)."""
 
     name = "jsq"
 
@@ -26,7 +26,7 @@ class JoinShortestQueue(RouterBase):
         self._require_reset(cluster)
         if cluster.speeds.homogeneous:
             return argmin(work_left_tokens(e) for e in cluster.engines)
-        return argmin(load_s(cluster, i, work_left_tokens(e), rid) for i, e in enumerate(cluster.engines))
+        return argmin(load_s(cluster, i, work_left_tokens(e)) for i, e in enumerate(cluster.engines))
 
 
 class DecodeBalancer(RouterBase):
@@ -35,7 +35,7 @@ class DecodeBalancer(RouterBase):
     The paper's version assumes output lengths are known; here it balances whatever the
     predictor says (the oracle predictor recovers the paper's setting). Prompt work is ignored
     on purpose: that is what distinguishes it from JSQ. Mixed cluster: decode tokens left in
-    seconds of each instance's time plus the request's service time there (``base.load_s``).
+    seconds of each instance's time (``base.load_s``).
     """
 
     name = "decode_balancer"
@@ -44,7 +44,7 @@ class DecodeBalancer(RouterBase):
         self._require_reset(cluster)
         if cluster.speeds.homogeneous:
             return argmin(e.decode_tokens_left() for e in cluster.engines)
-        return argmin(load_s(cluster, i, e.decode_tokens_left(), rid) for i, e in enumerate(cluster.engines))
+        return argmin(load_s(cluster, i, e.decode_tokens_left()) for i, e in enumerate(cluster.engines))
 
 
 @dataclass(frozen=True)
@@ -94,4 +94,4 @@ class DedicatedSmallLarge(RouterBase):
         eng = cluster.engines
         if cluster.speeds.homogeneous:
             return group[argmin(work_left_tokens(eng[i]) for i in group)]
-        return group[argmin(load_s(cluster, i, work_left_tokens(eng[i]), rid) for i in group)]
+        return group[argmin(load_s(cluster, i, work_left_tokens(eng[i])) for i in group)]
