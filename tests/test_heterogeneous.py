@@ -268,3 +268,31 @@ def test_mixed_experiment_composes_and_evaluates_in_debug_size(tmp_path):
     rows = res["rows"]
     assert len(rows) == 4 and all(r["completed"] + r["rejected"] == 60 for r in rows)
     assert f"2 x {A100} + 2 x {V100}" in (tmp_path / "summary.md").read_text()
+
+
+def test_equivariant_network_reads_each_instance_speed_in_its_own_row():
+    """The learned router's set network sees speed and kv_size in every instance row: swapping
+    the rows of an A100 and a V100 swaps their action values (and nothing else)."""
+    import torch as th
+
+    from agents.equivariant import InstanceSetQ
+
+    env = gym.make("LLMCluster-v0", instances=MIXED, action={"candidates": 2, "order": "shortest"},
+                   obs={"features": ("free_kv_blocks",)}, **SMALL)
+    obs, _ = env.reset(seed=1)
+    lay = env.unwrapped.obs_layout
+    th.manual_seed(0)
+    net = InstanceSetQ(lay.as_dict(), embed_dim=8, hidden=(16,)).double()
+    x = th.tensor(obs, dtype=th.float64)[None]
+    inst0 = lay.global_dim + lay.num_candidates * lay.candidate_dim
+    rows = x[0, inst0:].reshape(lay.num_instances, lay.instance_dim)
+    assert rows[0, -2] == 1.0 and rows[3, -2] < 1.0          # speed column: A100 first, V100 last
+    swapped = x.clone()
+    swapped[0, inst0:] = rows[[3, 1, 2, 0]].reshape(-1)
+    q, qs = net(x)[0], net(swapped)[0]
+    m = lay.num_instances
+    perm = [3, 1, 2, 0]
+    for j in range(lay.num_candidates):
+        assert th.allclose(qs[j * m:(j + 1) * m], q[j * m:(j + 1) * m][perm])
+    assert th.allclose(qs[-1], q[-1])
+    assert not th.allclose(q[0], q[3])   # the two instance types get different values

@@ -31,7 +31,7 @@ from .routers import make_env_router
 
 
 class LLMClusterEnv(gym.Env):
-    """Route LLM requests to ``m`` identical vLLM-style instances.
+    """Route LLM requests to ``m`` vLLM-style instances, identical or mixed (``instances``).
 
     ## Description
     Requests (prompt tokens, a true output length the router never sees, a predicted
@@ -39,7 +39,10 @@ class LLMClusterEnv(gym.Env):
     sends the head of the queue to an instance or defers it. Instances run continuous batching
     with prefill-prioritised iterations, a paged KV cache and recompute preemption (see
     ``docs/simulator_semantics.md``). Default: the paper's main setting (4 x Llama-2-7B on
-    V100, five-task mix, Poisson 20 req/s, 2,000 requests).
+    V100, five-task mix, Poisson 20 req/s, 2,000 requests). ``instances=[{"preset":
+    "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2}]`` makes a mixed
+    cluster: each engine group has its own GPU/model preset and engine options
+    (``docs/heterogeneous.md``).
 
     ## Action Space
     ``Discrete(m + 1)``: ``a < m`` routes the head request to instance ``a``; ``a = m`` defers
@@ -51,12 +54,17 @@ class LLMClusterEnv(gym.Env):
     ``Dict``); the index table is in ``llm_lb_gym/envs/observation.py`` and the README: queue
     length, head prompt tokens, head predicted decode bucket and tokens, then per instance the
     prompt-phase bucket counts P, decode-phase bucket counts D, capacity, and predicted time to
-    its first completion.
+    its first completion. Optional per-instance columns (``obs.features``) include ``speed``
+    (relative speed in (0, 1], 1 = the fastest instance) and ``kv_size`` (KV-cache tokens /
+    the largest instance's); a mixed cluster always has both, and normalises each instance's
+    counts by its own ``max_num_seqs`` and its capacity by its own KV cache.
 
     ## Rewards
     ``-sum over elapsed intervals of sum_j (1/T_j)(1 - f_jt) + r_w * completions + w_k * h``
     (``llm_lb_gym/envs/reward.py``); components in ``info["reward_components"]``, the
-    guidance weight in ``info["guidance_weight"]``.
+    guidance weight in ``info["guidance_weight"]``. T_j is request j's ideal latency with its
+    predicted decode length on the instance type that serves it fastest (in a homogeneous
+    cluster: the instance's), a per-request constant known at arrival (``sim/speed.py``).
 
     ## Time
     A defer advances the clock one interval. After a routing action the next decision comes at
@@ -80,14 +88,16 @@ class LLMClusterEnv(gym.Env):
 
     ## Arguments
     See ``EnvConfig`` (``llm_lb_gym/envs/config.py``): ``num_instances``, ``num_requests``,
-    ``arrival_rate_rps``, ``workload``, ``engine``, ``predictor``, ``reward``, ``obs``,
+    ``arrival_rate_rps``, ``workload``, ``engine``, ``instances``, ``predictor``, ``reward``, ``obs``,
     ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``; and
     Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
     (``__init__() got an unexpected keyword argument 'x'``, then the allowed names), which is
     also a ``ConfigError``.
 
     ## Version History
-    - v0: initial version.
+    - v0: initial version. Mixed clusters (``instances``) and the ``speed``/``kv_size`` features
+      were added as options; the default (homogeneous) dynamics, observation and reward are
+      unchanged bit for bit.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly

@@ -167,7 +167,8 @@ class ObsConfig:
     features: tuple[str, ...] = ()
     """Extra features beyond the paper's (``observation.FEATURES``): ``arrivals_left``
     (global), ``age`` and ``block_need`` (per candidate request), ``free_kv_blocks``,
-    ``waiting_blocks`` and ``time_since_route`` (per instance)."""
+    ``waiting_blocks``, ``time_since_route``, ``speed`` and ``kv_size`` (per instance; a mixed
+    cluster always adds the last two)."""
 
     def __post_init__(self) -> None:
         from .observation import FEATURES
