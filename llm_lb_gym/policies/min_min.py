@@ -22,7 +22,7 @@ instance's own time (``base.load_s``; ties to the faster instance), and the job 
 shortest in tokens. The job's own time on each instance is left out of the pair's completion
 time on purpose: under continuous batching it runs alongside the backlog, and adding it (its
 bucket upper bound through the instance's latency model) sent long jobs to the fast instances
-and cost 14 points of gain (``base.load_s`` has the measurement).
+and cost 14-18 points of gain vs round robin (``base.load_s``, docs/heterogeneous.md).
 """
 
 from __future__ import annotations
