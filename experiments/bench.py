@@ -5,6 +5,7 @@
     python -m experiments.bench env        # env steps/s on the default config
     LLM_LB_GYM_PURE_PYTHON=1 python -m experiments.bench env   # the same without the compiled engine
     python -m experiments.bench prefix     # both with engine.enable_prefix_caching on
+    python -m experiments.bench mixed      # both on a mixed cluster (2 x A100 + 2 x V100)
 
 Prefix caching (``prefix``): the multi-turn ``conversation`` workload (hash blocks of 16
 tokens) on 4 instances with ``engine.enable_prefix_caching``, routed round robin on arrival
@@ -21,6 +22,9 @@ uniformly random actions (``gym.make`` wrappers included). Steps per second are 
 wall second and per CPU second of this process: on a shared machine the CPU figure is the
 stable one (wall time also counts waiting for the core). The engine implementation (compiled
 Cython build or pure Python, see llm_lb_gym/sim/_compiled.py) and the load average are printed.
+Mixed (part of ``all``): the same two measurements on 2 x Llama-2-7B A100 + 2 x V100
+(``MIXED_INSTANCES``), the simulator at ``--mixed-rate`` (default 5 req/s, as for 4 x V100: round
+robin on arrival gives each V100 the same load as there, the A100s run lighter), no memory part.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ import time
 import tracemalloc
 
 import numpy as np
+
+MIXED_INSTANCES = ({"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2})
 
 
 def _batch(n: int, rate: float, seed: int):
@@ -51,18 +57,19 @@ def _batch(n: int, rate: float, seed: int):
         return RequestBatch.from_arrays(arr, p, d), f"synthetic lognormal ({type(exc).__name__})"
 
 
-def bench_sim(n: int, rate: float, seed: int = 0) -> dict:
+def bench_sim(n: int, rate: float, seed: int = 0, instances=None, memory: bool = True) -> dict:
     from llm_lb_gym.sim.config import ClusterConfig
     from llm_lb_gym.sim.metrics import episode_metrics
     from llm_lb_gym.sim.simulate import simulate
 
     batch, source = _batch(n, rate, seed)
-    out = {"requests": n, "rate_rps": rate, "workload": source}
+    cluster_cfg = ClusterConfig(instances=instances)
+    out = {"cluster": cluster_cfg.describe(), "requests": n, "rate_rps": rate, "workload": source}
     for fast in (True, False):
         best = None
         for _ in range(2 if fast else 1):
             t0 = time.perf_counter()
-            cluster = simulate(batch, ClusterConfig(num_instances=4, fast=fast))
+            cluster = simulate(batch, ClusterConfig(fast=fast, instances=instances))
             dt = time.perf_counter() - t0
             best = dt if best is None else min(best, dt)
         key = "fast" if fast else "reference"
@@ -73,7 +80,7 @@ def bench_sim(n: int, rate: float, seed: int = 0) -> dict:
             out.update({k: m[k] for k in ("completed", "rejected", "mean_e2e_s", "p99_e2e_s",
                                            "mean_queue_wait_s", "preemptions", "throughput_rps")})
             out["iterations"] = sum(e.n_iterations for e in cluster.engines)
-    for size in (n // 4, n):
+    for size in (n // 4, n) if memory else ():
         small, _ = _batch(size, rate, seed)
         tracemalloc.start()
         simulate(small, ClusterConfig(num_instances=4))
@@ -84,12 +91,12 @@ def bench_sim(n: int, rate: float, seed: int = 0) -> dict:
     return out
 
 
-def bench_env(episodes: int, seed: int = 0) -> dict:
+def bench_env(episodes: int, seed: int = 0, **options) -> dict:
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
 
-    env = gym.make("LLMCluster-v0")
+    env = gym.make("LLMCluster-v0", **options)
     m = env.unwrapped.m
     env.reset(seed=seed)   # warm-up (imports, first allocations)
     out = {}
@@ -163,10 +170,12 @@ def bench_prefix(n: int, episodes: int, rate: float = 6.0, seed: int = 0) -> dic
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix"), default="all")
+    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed"), default="all")
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate (req/s)")
     ap.add_argument("--episodes", type=int, default=3, help="env episodes per policy")
+    ap.add_argument("--mixed-rate", type=float, default=5.0,
+                    help="Poisson rate (req/s) of the mixed-cluster simulator run")
     args = ap.parse_args(argv)
     from llm_lb_gym.sim._compiled import implementation
 
@@ -188,6 +197,15 @@ def main(argv=None) -> None:
         print("\n## prefix caching")
         for k, v in r.items():
             print(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}")
+    if args.part in ("all", "mixed"):
+        r = bench_sim(args.requests, args.mixed_rate, instances=MIXED_INSTANCES, memory=False)
+        print("\n## simulator, mixed cluster")
+        for k, v in r.items():
+            print(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}")
+        r = bench_env(args.episodes, instances=MIXED_INSTANCES)
+        print("\n## LLMCluster-v0, mixed cluster (2 x llama2-7b-a100 + 2 x llama2-7b-v100, default options)")
+        for k, v in r.items():
+            print(f"{k}: {v:,.1f}")
 
 
 if __name__ == "__main__":

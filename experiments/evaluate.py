@@ -139,7 +139,7 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     wall = time.perf_counter() - t_start
     workload = describe_workload(env.unwrapped.workload)
     header = (f"{len(seeds)} episodes x {kw.get('num_requests')} requests, seeds {seeds[0]}..{seeds[-1]}, "
-              f"{kw.get('num_instances')} instances, {kw.get('engine', {}).get('preset')}, "
+              f"{env.unwrapped.cluster_cfg.describe()}, "
               f"workload {workload}; wall {wall:.1f} s")
     warning = loss_warning(rows)
     if warning:

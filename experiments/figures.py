@@ -245,7 +245,11 @@ def load_sweep_figure(run: Path, out: Path, prefix: str = "") -> Path:
         raise FileNotFoundError(f"{run}: no load_<factor>/results.csv")
     cfg = _config(run)
     env = cfg.get("env") or {}
-    title = (f"{env.get('num_instances', '?')} instances, {(cfg.get('engine') or {}).get('preset', '?')}: "
+    groups = env.get("instances")
+    cluster = (" + ".join(f"{g.get('count', 1)} x {g.get('preset', (cfg.get('engine') or {}).get('preset', '?'))}"
+                          for g in groups) if groups else
+               f"{env.get('num_instances') or 4} instances, {(cfg.get('engine') or {}).get('preset', '?')}")
+    title = (f"{cluster}: "
              f"{cfg.get('episodes', '?')} episodes per load, paired 95% CI")
     return plot_load_sweep(results, out / f"{prefix}load_sweep_gain.png", title, cfg.get("baseline", BASELINE))
 

@@ -127,7 +127,12 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     table = _sweep_table(results, cfg.baseline)
     wall = time.perf_counter() - t0
     workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")), False)
-    header = (f"capacity {mu:.2f} req/s ({kw['num_instances']} instances, {kw['engine'].get('preset')}, "
+    from llm_lb_gym.envs.config import EnvConfig
+    from llm_lb_gym.sim.config import ClusterConfig
+
+    ecfg = EnvConfig(**{k: kw[k] for k in ("num_instances", "engine", "instances") if k in kw})
+    cluster = ClusterConfig(ecfg.num_instances, ecfg.engine, instances=ecfg.instances).describe()
+    header = (f"capacity {mu:.2f} req/s ({cluster}, "
               f"workload {workload}, {kw['num_requests']} requests); {cfg.episodes} episodes per load, "
               f"seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1}; cells: % change of mean E2E vs "
               f"{cfg.baseline} (95% CI); wall {wall:.0f} s")

@@ -63,7 +63,7 @@ def test_env_groups_compose_and_make_env(group, option):
     env, obs = _make_env_or_skip(kw)
     assert env.observation_space.contains(obs)
     base = env.unwrapped
-    assert base.m == cfg.env.num_instances
+    assert base.m == (cfg.env.num_instances or len(base.cluster_cfg.engines))
     assert base.cfg.engine.preset == cfg.engine.preset
     assert base.cfg.reward.mode == cfg.reward.mode
     env.close()

@@ -294,6 +294,7 @@ def test_routers_read_predictions_not_true_lengths(name):
     c = loaded_cluster(3, rows, [0, 1, 2, 0])
     c.advance_to(1.5)
     view = SimpleNamespace(t=c.t, queue=c.queue, engines=c.engines, last_route_s=c.last_route_s,
+                           speeds=c.speeds,
                            table=_NoDecodeTable(c.table))
     r = make_router(name)
     r.reset(np.random.default_rng(0), 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 import math
@@ -18,18 +19,19 @@ from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics, prefix_cache_metrics
 from ..sim.request import RequestTable
+from ..sim.speed import InstanceSpeeds
 from ..workload.batch import RequestBatch
 from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
-from .observation import ObservationBuilder
+from .observation import MIXED_CLUSTER_FEATURES, ObservationBuilder
 from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
-from .reward import guidance_term, guidance_weight, ideal_latency_s
+from .reward import guidance_term, guidance_weight
 from .routers import make_env_router
 
 
 class LLMClusterEnv(gym.Env):
-    """Route LLM requests to ``m`` identical vLLM-style instances.
+    """Route LLM requests to ``m`` vLLM-style instances, identical or mixed (``instances``).
 
     ## Description
     Requests (prompt tokens, a true output length the router never sees, a predicted
@@ -37,7 +39,10 @@ class LLMClusterEnv(gym.Env):
     sends the head of the queue to an instance or defers it. Instances run continuous batching
     with prefill-prioritised iterations, a paged KV cache and recompute preemption (see
     ``docs/simulator_semantics.md``). Default: the paper's main setting (4 x Llama-2-7B on
-    V100, five-task mix, Poisson 20 req/s, 2,000 requests).
+    V100, five-task mix, Poisson 20 req/s, 2,000 requests). ``instances=[{"preset":
+    "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2}]`` makes a mixed
+    cluster: each engine group has its own GPU/model preset and engine options
+    (``docs/heterogeneous.md``).
 
     ## Action Space
     ``Discrete(m + 1)``: ``a < m`` routes the head request to instance ``a``; ``a = m`` defers
@@ -49,12 +54,17 @@ class LLMClusterEnv(gym.Env):
     ``Dict``); the index table is in ``llm_lb_gym/envs/observation.py`` and the README: queue
     length, head prompt tokens, head predicted decode bucket and tokens, then per instance the
     prompt-phase bucket counts P, decode-phase bucket counts D, capacity, and predicted time to
-    its first completion.
+    its first completion. Optional per-instance columns (``obs.features``) include ``speed``
+    (relative speed in (0, 1], 1 = the fastest instance) and ``kv_size`` (KV-cache tokens /
+    the largest instance's); a mixed cluster always has both, and normalises each instance's
+    counts by its own ``max_num_seqs`` and its capacity by its own KV cache.
 
     ## Rewards
     ``-sum over elapsed intervals of sum_j (1/T_j)(1 - f_jt) + r_w * completions + w_k * h``
     (``llm_lb_gym/envs/reward.py``); components in ``info["reward_components"]``, the
-    guidance weight in ``info["guidance_weight"]``.
+    guidance weight in ``info["guidance_weight"]``. T_j is request j's ideal latency with its
+    predicted decode length on the instance type that serves it fastest (in a homogeneous
+    cluster: the instance's), a per-request constant known at arrival (``sim/speed.py``).
 
     ## Time
     A defer advances the clock one interval. After a routing action the next decision comes at
@@ -78,14 +88,16 @@ class LLMClusterEnv(gym.Env):
 
     ## Arguments
     See ``EnvConfig`` (``llm_lb_gym/envs/config.py``): ``num_instances``, ``num_requests``,
-    ``arrival_rate_rps``, ``workload``, ``engine``, ``predictor``, ``reward``, ``obs``,
+    ``arrival_rate_rps``, ``workload``, ``engine``, ``instances``, ``predictor``, ``reward``, ``obs``,
     ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``; and
     Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
     (``__init__() got an unexpected keyword argument 'x'``, then the allowed names), which is
     also a ``ConfigError``.
 
     ## Version History
-    - v0: initial version.
+    - v0: initial version. Mixed clusters (``instances``) and the ``speed``/``kv_size`` features
+      were added as options; the default (homogeneous) dynamics, observation and reward are
+      unchanged bit for bit.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
@@ -99,16 +111,24 @@ class LLMClusterEnv(gym.Env):
         self.cfg = EnvConfig(**options)
         cfg = self.cfg
         self.m = cfg.num_instances
-        self.cluster_cfg = ClusterConfig(num_instances=self.m, engine=cfg.engine, fast=cfg.fast)
-        eng = cfg.engine
-        self.latency = eng.latency_model
+        self.cluster_cfg = ClusterConfig(num_instances=self.m, engine=cfg.engine, fast=cfg.fast,
+                                         instances=cfg.instances)
+        engines = self.cluster_cfg.engines
+        # Speed and KV size per instance, and the reward's T_j (``sim/speed.py``).
+        self.speeds = InstanceSpeeds(engines)
+        obs_cfg = cfg.obs
+        if not self.speeds.homogeneous:   # without them an agent cannot tell the instances apart
+            extra = tuple(f for f in MIXED_CLUSTER_FEATURES if f not in obs_cfg.features)
+            obs_cfg = dataclasses.replace(obs_cfg, features=obs_cfg.features + extra)
+        self.obs_cfg = obs_cfg
         self.workload = build_workload(cfg.workload, cfg.arrival_rate_rps)
         self.predictor = build_predictor(cfg.predictor)
         act = cfg.action
         self.k = act.candidates
         self.obs_builder = ObservationBuilder(
-            cfg.obs, self.m, cfg.num_requests, eng.max_num_seqs, eng.context_len,
-            eng.total_blocks * eng.block_size, num_candidates=self.k, block_size=eng.block_size)
+            obs_cfg, self.m, cfg.num_requests, [e.max_num_seqs for e in engines],
+            max(e.context_len for e in engines), self.speeds.kv_tokens, num_candidates=self.k,
+            block_size=[e.block_size for e in engines], relative_speed=self.speeds.relative_speed)
         self.obs_layout = self.obs_builder.layout
         self.observation_space = self.obs_builder.space()
         self.defer_action = self.k * self.m
@@ -185,7 +205,7 @@ class LLMClusterEnv(gym.Env):
         self.batch = batch
         pred = self.predictor.predict(batch, rng)
         ob = self.obs_builder
-        ideal = ideal_latency_s(self.latency, batch.prompt_tokens, pred.tokens)
+        ideal = self.speeds.ideal_latency_s(batch.prompt_tokens, pred.tokens)
         table = RequestTable(
             batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred.tokens, batch.task_id,
             prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),

@@ -12,10 +12,10 @@ from typing import Any
 
 from .._validate import (ConfigError, check_bool, check_choice, check_int, check_range,
                          reject_unknown)
-from ..limits import (MAX_ARRIVAL_S, MAX_INSTANCES, MAX_REQUESTS, MAX_TOKENS,
+from ..limits import (MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS,
                       MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
 from ..policies.mixing import MixingParams
-from ..sim.config import EngineConfig
+from ..sim.config import EngineConfig, resolve_instances
 
 GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
 DISCOUNTS = ("semi_mdp", "per_step")
@@ -167,8 +167,9 @@ class ObsConfig:
     features: tuple[str, ...] = ()
     """Extra features beyond the paper's (``observation.FEATURES``): ``arrivals_left``
     (global), ``age`` and ``block_need`` (per candidate request), ``free_kv_blocks``,
-    ``waiting_blocks``, ``time_since_route`` and ``cached_prefix`` (the head request's
-    prompt tokens cached there, with ``engine.enable_prefix_caching``) per instance."""
+    ``waiting_blocks``, ``time_since_route``, ``cached_prefix`` (the head request's prompt
+    tokens cached there, with ``engine.enable_prefix_caching``), ``speed`` and ``kv_size`` (per
+    instance; a mixed cluster always adds the last two)."""
 
     def __post_init__(self) -> None:
         from .observation import FEATURES
@@ -201,14 +202,21 @@ class EnvConfig:
     setting: 4 x Llama-2-7B on V100, FCFS, no chunking, 128 seqs, five-task mix, Poisson
     20 req/s, 2,000 requests, decisions every 0.02 s, workload-guided reward."""
 
-    num_instances: int = 4
+    num_instances: int | None = None
+    """Instances; None = 4, or the total count of ``instances`` when that is given."""
     num_requests: int = 2000
     arrival_rate_rps: float | None = 20.0
     """Poisson rate for workloads with synthetic arrivals; None keeps the workload's own."""
     workload: Any = "task_mix"
     """A workload name, a dict ``{name: ..., **options}``, or an object with ``sample``."""
     engine: Any = None
-    """EngineConfig or its options as a dict (preset, scheduler, chunked_prefill, ...)."""
+    """EngineConfig or its options as a dict (preset, scheduler, chunked_prefill, ...): every
+    instance's engine, or with ``instances`` the defaults of its engine groups."""
+    instances: Any = None
+    """A mixed cluster: engine groups, each a dict of engine options plus ``count`` (e.g.
+    ``[{"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2}]``);
+    options a group leaves out come from ``engine``. Stored expanded, one ``EngineConfig`` per
+    instance. None: ``num_instances`` copies of ``engine``."""
     predictor: Any = "oracle"
     """A predictor name, a dict ``{name: ..., **options}``, or a LengthPredictor."""
     reward: Any = None
@@ -226,7 +234,6 @@ class EnvConfig:
     """Recompute simulator aggregates after every iteration and assert (slow; for tests)."""
 
     def __post_init__(self) -> None:
-        check_int("num_instances", self.num_instances, 1, MAX_INSTANCES)
         check_int("num_requests", self.num_requests, 1, MAX_REQUESTS)
         if self.arrival_rate_rps is not None:
             check_range("arrival_rate_rps", self.arrival_rate_rps, MIN_RATE_RPS)
@@ -235,6 +242,9 @@ class EnvConfig:
         for name in ("one_action_per_interval", "fast", "check_invariants"):
             check_bool(name, getattr(self, name))
         object.__setattr__(self, "engine", _build(EngineConfig, self.engine, "engine"))
+        m, engines = resolve_instances(self.num_instances, self.instances, self.engine, prefix="")
+        object.__setattr__(self, "num_instances", m)
+        object.__setattr__(self, "instances", engines)
         object.__setattr__(self, "reward", _build(RewardConfig, self.reward, "reward"))
         object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))
         object.__setattr__(self, "action", _build(ActionConfig, self.action, "action"))

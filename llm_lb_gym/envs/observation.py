@@ -21,6 +21,15 @@ n_p prompt and n_d decode buckets and no extra features it is the paper's 4 + m 
 | | (extra) ``waiting_blocks``: KV its waiting requests will need (prompt + predicted decode) | blocks | KV blocks |
 | | (extra) ``time_since_route``: since the router last sent a request there | s | time_scale_s |
 | | (extra) ``cached_prefix``: prompt tokens of the head request cached on the instance (0 without ``engine.enable_prefix_caching``) | tokens | context length |
+| | (extra) ``speed``: relative speed, fastest instance's reference time / this one's (``sim/speed.py``) | share in (0, 1] | - |
+| | (extra) ``kv_size``: the instance's KV-cache size | tokens | largest instance's KV tokens |
+
+Mixed clusters (``EnvConfig.instances``): each instance's counts are normalised by its own
+``max_num_seqs``, its capacity and block features by its own KV cache (so 0.5 means "half of
+this instance's cache"); ``speed`` and ``kv_size`` tell the instances apart, so the env turns
+them on in every mixed cluster (appended to ``obs.features`` when not listed). A candidate's
+``block_need`` is in blocks of the instance with the largest KV cache, normalised by its blocks.
+In a homogeneous cluster all of this is the single instance type's value, as before.
 
 "Committed tokens" = prompt + predicted decode tokens of every request routed to the instance
 and not finished: the KV the instance will need if nothing finishes, which is why it is the
@@ -42,7 +51,10 @@ from .config import ObsConfig
 
 GLOBAL_FEATURES = ("arrivals_left",)
 CANDIDATE_FEATURES = ("age", "block_need")
-INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route", "cached_prefix")
+INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route", "cached_prefix", "speed",
+                     "kv_size")
+MIXED_CLUSTER_FEATURES = ("speed", "kv_size")
+"""Always on in a mixed cluster (appended to ``ObsConfig.features`` when not listed)."""
 FEATURES = GLOBAL_FEATURES + CANDIDATE_FEATURES + INSTANCE_FEATURES
 """Extra features ``ObsConfig.features`` may list (beyond the paper's)."""
 _BIG = np.float32(1e6)
@@ -70,11 +82,29 @@ class ObsLayout:
                                               "num_instances", "instance_dim")}
 
 
+def _per_instance(name: str, value, m: int) -> list:
+    """A scalar for every instance, or one value per instance."""
+    if hasattr(value, "__len__"):
+        if len(value) != m:
+            raise ValueError(f"ObservationBuilder: {name} has {len(value)} values for {m} instances")
+        return list(value)
+    return [value] * m
+
+
 class ObservationBuilder:
-    def __init__(self, cfg: ObsConfig, num_instances: int, num_requests: int, max_num_seqs: int,
-                 context_len: int, kv_tokens: int, *, num_candidates: int = 1, block_size: int = 16):
+    """``max_num_seqs``, ``kv_tokens``, ``block_size`` and ``relative_speed`` are one value for
+    every instance or a sequence with one per instance (a mixed cluster)."""
+
+    def __init__(self, cfg: ObsConfig, num_instances: int, num_requests: int, max_num_seqs,
+                 context_len: int, kv_tokens, *, num_candidates: int = 1, block_size=16,
+                 relative_speed=1.0):
         self.cfg = cfg
         self.m = num_instances
+        m = num_instances
+        seqs = _per_instance("max_num_seqs", max_num_seqs, m)
+        kv_list = [float(x) for x in _per_instance("kv_tokens", kv_tokens, m)]
+        bs_list = _per_instance("block_size", block_size, m)
+        self.speed = [float(x) for x in _per_instance("relative_speed", relative_speed, m)]
         self.k = num_candidates
         self.num_requests = num_requests
         self.prompt_scheme = BucketScheme(cfg.prompt_edges_tokens, name="obs_prompt")
@@ -88,12 +118,17 @@ class ObservationBuilder:
         self.f_wait = "waiting_blocks" in feats
         self.f_since = "time_since_route" in feats
         self.f_prefix = "cached_prefix" in feats
-        self.block_size = block_size
-        self.kv_blocks = kv_tokens // block_size
-        self.kv_tokens = float(kv_tokens)
+        self.f_speed = "speed" in feats
+        self.f_kv = "kv_size" in feats
+        # Candidates' block need: in blocks of the instance with the largest KV cache.
+        big = max(range(m), key=lambda i: kv_list[i])
+        self.block_size = bs_list[big]
+        self.kv_blocks = int(kv_list[big]) // self.block_size
+        self.kv_tokens_list = kv_list
+        self.inst_block_size = bs_list
         self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need, self.m,
                                 self.n_p + self.n_d + 2 + self.f_free + self.f_wait + self.f_since
-                                + self.f_prefix)
+                                + self.f_prefix + self.f_speed + self.f_kv)
         self.per = self.layout.instance_dim
         self.size = self.layout.size
         self._cand0 = self.layout.global_dim
@@ -102,9 +137,9 @@ class ObservationBuilder:
         s_queue = 1.0 / cfg.queue_cap if norm else 1.0
         s_tok = 1.0 / context_len if norm else 1.0
         s_bucket = 1.0 / max(self.n_d - 1, 1) if norm else 1.0
-        s_count = 1.0 / max_num_seqs if norm else 1.0
         s_time = 1.0 / cfg.time_scale_s if norm else 1.0
         s_blocks = 1.0 / max(self.kv_blocks, 1) if norm else 1.0
+        kv_max = max(kv_list)
         s_req = 1.0 / num_requests if norm else 1.0
         self.round = cfg.round_decimals
         lo, hi, scale = [], [], []
@@ -124,9 +159,12 @@ class ObservationBuilder:
             if self.f_age:
                 add(0.0, _BIG, s_time)
             if self.f_need:
-                add(0.0, context_len * 4 / block_size + 1, s_blocks)
+                add(0.0, context_len * 4 / self.block_size + 1, s_blocks)
         self._round_idx = []
-        for _ in range(self.m):
+        for i in range(self.m):
+            s_count = 1.0 / seqs[i] if norm else 1.0
+            blocks_i = int(kv_list[i]) // bs_list[i]
+            s_blocks_i = 1.0 / max(blocks_i, 1) if norm else 1.0
             for _ in range(self.n_p + self.n_d):
                 add(0.0, num_requests, s_count)
             self._round_idx += [len(lo), len(lo) + 1]
@@ -135,13 +173,17 @@ class ObservationBuilder:
             scale.append(1.0)
             add(0.0, _BIG, s_time)
             if self.f_free:
-                add(0.0, self.kv_blocks, s_blocks)
+                add(0.0, blocks_i, s_blocks_i)
             if self.f_wait:
-                add(0.0, _BIG, s_blocks)
+                add(0.0, _BIG, s_blocks_i)
             if self.f_since:
                 add(0.0, _BIG, s_time)
             if self.f_prefix:
                 add(0.0, context_len, s_tok)
+            if self.f_speed:
+                add(0.0, 1.0, 1.0)
+            if self.f_kv:
+                add(0.0, kv_max, 1.0 / kv_max if norm else 1.0)
         self.low = np.array(lo, np.float32)
         self.high = np.array(hi, np.float32)
         self.scale = np.array(scale, np.float32)
@@ -169,7 +211,8 @@ class ObservationBuilder:
     def _instance_extras(self) -> list[str]:
         return [f for f, on in (("free_kv_blocks", self.f_free), ("waiting_blocks", self.f_wait),
                                 ("time_since_route", self.f_since),
-                                ("cached_prefix", self.f_prefix)) if on]
+                                ("cached_prefix", self.f_prefix), ("speed", self.f_speed),
+                                ("kv_size", self.f_kv)) if on]
 
     def observe(self, cluster, candidates=None):
         """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
@@ -197,20 +240,24 @@ class ObservationBuilder:
                     vals.append(0)
                 if self.f_need:
                     vals.append(0)
-        kv = self.kv_tokens
-        extras = self.f_free or self.f_wait or self.f_since or self.f_prefix
+        kv = self.kv_tokens_list
+        extras = self.f_free or self.f_wait or self.f_since or self.f_prefix or self.f_speed or self.f_kv
         for i, e in enumerate(cluster.engines):
-            e.observe_into(vals, kv)
+            e.observe_into(vals, kv[i])
             if extras:
                 if self.f_free:
                     vals.append(e.free_blocks)
                 if self.f_wait:   # O(1) aggregates: prompt (+ generated) + predicted decode left
-                    vals.append((e.pending_prefill_tokens + e.wait_left) / bs)
+                    vals.append((e.pending_prefill_tokens + e.wait_left) / self.inst_block_size[i])
                 if self.f_since:   # since the last route there, or since the episode began
                     last = cluster.last_route_s[i]
                     vals.append(t - last if last > 0.0 else t)
                 if self.f_prefix:   # the engine's own lookup (what a cache-aware gateway asks)
                     vals.append(e.cached_prefix_tokens(q[0]) if q else 0)
+                if self.f_speed:
+                    vals.append(self.speed[i])
+                if self.f_kv:
+                    vals.append(kv[i])
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:

@@ -4,6 +4,11 @@ These are what a load balancer does when it knows nothing about LLM requests: ro
 paper's reference point), uniform random, least outstanding requests (Envoy's
 ``LEAST_REQUEST``, NGINX's ``least_conn``) and its sampled form, the power of two choices
 (Mitzenmacher 2001), which gets most of the benefit of least-requests from two probes.
+
+Mixed clusters: round robin and random stay load-agnostic by design (they are the reference
+points). Least-requests and power-of-two compare (requests + 1) x the instance's seconds per
+token (``sim/speed.py``): the new request's place in line, in the instance's own time, as
+weighted least-request balancers do with per-host weights.
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ class LeastRequests(RouterBase):
 
     def select(self, cluster, rid: int) -> int:
         self._require_reset(cluster)
-        return argmin(e.num_requests for e in cluster.engines)
+        if cluster.speeds.homogeneous:
+            return argmin(e.num_requests for e in cluster.engines)
+        tok = cluster.speeds.token_s
+        return argmin((e.num_requests + 1) * tok[i] for i, e in enumerate(cluster.engines))
 
 
 class PowerOfTwo(RouterBase):
@@ -67,4 +75,7 @@ class PowerOfTwo(RouterBase):
         if a > b:
             a, b = b, a
         eng = cluster.engines
-        return b if eng[b].num_requests < eng[a].num_requests else a
+        if cluster.speeds.homogeneous:
+            return b if eng[b].num_requests < eng[a].num_requests else a
+        tok = cluster.speeds.token_s
+        return b if (eng[b].num_requests + 1) * tok[b] < (eng[a].num_requests + 1) * tok[a] else a

@@ -28,6 +28,9 @@ Per decision (the env's grid, or every ``period_s`` in rounds):
 A request whose need exceeds an empty instance's KV is capped at what an empty instance offers,
 so it still goes to an idle instance and nothing waits forever (as in MCU).
 
+Mixed clusters: room and need are each instance's own (free blocks, block size, KV size); the
+instance choice stays "most room" (capacity, not speed), as in MCU.
+
 Measured (``experiments.evaluate``, docs/reproduction.md): near capacity (4 x V100, 52 req/s),
 rounds of 1 s with full reservation cut mean E2E ~27% vs round robin (MCU: ~21%); in the
 KV-limited overloaded setting, continuous release with prompt reservation cuts it ~70%.
@@ -86,19 +89,20 @@ class LateBinding(RouterBase):
         self._tick = -1
         self._closed = False
 
-    def need_blocks(self, cluster, rid: int) -> int:
-        tb, e = cluster.table, cluster.engines[0]
+    def need_blocks(self, cluster, rid: int, instance: int = 0) -> int:
+        """KV blocks ``rid`` is counted to need on ``instance`` (capped at its empty cache)."""
+        tb, e = cluster.table, cluster.engines[instance]
         tokens = tb.prompt[rid] + (tb.pred[rid] if self.options.reserve == "full" else tb.o_base[rid])
         return min(math.ceil(tokens / e.bs), e.total_blocks - e.watermark)
 
     def rooms(self, cluster) -> list[int]:
         """Free KV blocks minus what each instance's waiting requests will take."""
         out = []
-        for e in cluster.engines:
+        for i, e in enumerate(cluster.engines):
             room = e.free_blocks
             for q in (e.preempted_q, e.waiting_q):
                 for r in q:
-                    room -= self.need_blocks(cluster, r)
+                    room -= self.need_blocks(cluster, r, i)
             out.append(room)
         return out
 
@@ -138,9 +142,12 @@ class LateBinding(RouterBase):
             return None
         pos = pick[0]
         rid = cluster.queue[pos]
+        homogeneous = cluster.speeds.homogeneous
         need = self.need_blocks(cluster, rid)
         best, best_room = None, None
         for i, (room, e) in enumerate(zip(self.rooms(cluster), cluster.engines)):
+            if not homogeneous:
+                need = self.need_blocks(cluster, rid, i)
             if per_instance and p > 0 and not (t - last_route[i] >= p * (1 - _TICK_SLACK)
                                                or last_route[i] == t):
                 continue

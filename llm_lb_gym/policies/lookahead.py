@@ -315,10 +315,9 @@ class Lookahead(RouterBase):
             return [0]
         tb = cluster.table
         rids = list(cluster.queue)[1:]
-        lat = cluster.cfg.engine.latency_model
         p = np.array([tb.prompt[r] for r in rids], np.float64)
         d = np.array([tb.pred[r] for r in rids], np.float64)
-        ideal = _ideal_latency_s(lat, p, d)
+        ideal = cluster.speeds.ideal_latency_s(p, d)   # the env's T_j
         order = np.argsort(ideal, kind="stable")[: k - 1]
         return [0] + sorted(int(j) + 1 for j in order)
 
@@ -379,8 +378,8 @@ class Lookahead(RouterBase):
     # ------------------------------------------------------------------ the imagined future
     def _imagine(self, c, t_end: float) -> None:
         """Overwrite, in the copy ``c``, what the router may not know (see the module doc)."""
-        tb, e = c.table, c.cfg.engine
-        limit = min(e.context_len, (e.total_blocks - e.watermark_blocks) * e.block_size)
+        tb = c.table
+        limit = c.max_request_tokens
         for rid in c.queue:      # admitted already: keep them admissible
             p = tb.prompt[rid]
             tb.decode[rid] = max(1, min(int(round(tb.pred[rid])), limit - p))
@@ -398,7 +397,7 @@ class Lookahead(RouterBase):
         zeros = [0] * len(arr)
         tb.prompt_bucket[lo:hi] = zeros if self.prompt_scheme is None else self.prompt_scheme.bucket(prompt).tolist()
         tb.decode_bucket[lo:hi] = zeros if self.decode_scheme is None else self.decode_scheme.bucket(pred).tolist()
-        tb.inv_ideal[lo:hi] = (1.0 / _ideal_latency_s(e.latency_model, prompt, pred)).tolist()
+        tb.inv_ideal[lo:hi] = (1.0 / c.speeds.ideal_latency_s(prompt, pred)).tolist()
 
     def _draw(self, horizon_s: float, room: int):
         """Imagined arrivals (seconds from now), prompt tokens, predicted decode tokens and task
@@ -421,9 +420,3 @@ class Lookahead(RouterBase):
         cut = min(int(np.searchsorted(arr, horizon_s, side="right")) + 1, room)
         self._n_draw = max(self._n_draw, cut + cut // 4)
         return arr[:cut], prompt[:cut], pred[:cut], task[:cut]
-
-
-def _ideal_latency_s(latency, prompt_tokens, pred_decode_tokens) -> np.ndarray:
-    from ..sim.latency import ideal_latency_s   # the env's T_j
-
-    return ideal_latency_s(latency, prompt_tokens, pred_decode_tokens)

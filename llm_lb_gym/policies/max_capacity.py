@@ -20,6 +20,10 @@ idle instance and nothing waits forever. It fits when capacity - need >= the wat
 engine's own admission rule). The request goes to the fitting instance with the largest
 capacity (ties to the lowest index); if none fits, the round ends and the queue waits for the
 next tick (head-of-line, as in the paper).
+
+Mixed clusters: capacity and need are each instance's own (its free blocks, its block size and
+KV size), so "most free capacity" compares free KV blocks as the paper's rule does; the rule is
+capacity-based by design and does not weigh instance speed.
 """
 
 from __future__ import annotations
@@ -61,8 +65,9 @@ class MaxCapacity(RouterBase):
         """Index of the last tick at or before ``t``."""
         return math.floor(t / self.options.period_s + _TICK_SLACK)
 
-    def need_blocks(self, cluster, rid: int) -> int:
-        tb, e = cluster.table, cluster.engines[0]
+    def need_blocks(self, cluster, rid: int, instance: int = 0) -> int:
+        """KV blocks ``rid`` needs on ``instance`` (its block size; capped at its empty cache)."""
+        tb, e = cluster.table, cluster.engines[instance]
         need = math.ceil((tb.prompt[rid] + tb.pred[rid]) / e.bs)
         return min(need, e.total_blocks - e.watermark)
 
@@ -83,13 +88,16 @@ class MaxCapacity(RouterBase):
         tick_s = k * self.options.period_s
         if self._closed or cluster.table.arrival_s[rid] > tick_s * (1 + _TICK_SLACK):
             return None
+        homogeneous = cluster.speeds.homogeneous
         need = self.need_blocks(cluster, rid)
-        best, best_cap = None, -1
+        best, best_cap, best_need = None, -1, need
         for i, (c, e) in enumerate(zip(self.capacities(cluster), cluster.engines)):
+            if not homogeneous:
+                need = self.need_blocks(cluster, rid, i)
             if c - need >= e.watermark and c > best_cap:
-                best, best_cap = i, c
+                best, best_cap, best_need = i, c, need
         if best is None:
             self._closed = True
             return None
-        self._promised.append((rid, best, need))
+        self._promised.append((rid, best, best_need))
         return best

@@ -3,7 +3,9 @@
 The paper's token-aware baselines (App. A.1-A.2): Join Shortest Queue in tokens, the Decode
 Balancer, and Dedicated Small-Large. All three read the engines' O(1) aggregates
 (``pending_prefill_tokens``, ``decode_tokens_left()``) and the request's predicted decode
-tokens, never its true length.
+tokens, never its true length. In a mixed cluster each instance's backlog is converted to
+seconds of its own time, ties to the faster instance (``base.load_s``): a token on a V100 takes
+longer than on an A100.
 """
 
 from __future__ import annotations
@@ -11,17 +13,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._validate import check_range
-from .base import RouterBase, argmin, work_left_tokens
+from .base import RouterBase, argmin, load_s, work_left_tokens
 
 
 class JoinShortestQueue(RouterBase):
-    """The instance with the fewest prompt + predicted decode tokens yet to be processed."""
+    """The instance with the fewest prompt + predicted decode tokens yet to be processed (mixed
+    cluster: the least of them in seconds of each instance's time, ``base.load_s``)."""
 
     name = "jsq"
 
     def select(self, cluster, rid: int) -> int:
         self._require_reset(cluster)
-        return argmin(work_left_tokens(e) for e in cluster.engines)
+        if cluster.speeds.homogeneous:
+            return argmin(work_left_tokens(e) for e in cluster.engines)
+        return argmin(load_s(cluster, i, work_left_tokens(e)) for i, e in enumerate(cluster.engines))
 
 
 class DecodeBalancer(RouterBase):
@@ -29,14 +34,17 @@ class DecodeBalancer(RouterBase):
 
     The paper's version assumes output lengths are known; here it balances whatever the
     predictor says (the oracle predictor recovers the paper's setting). Prompt work is ignored
-    on purpose: that is what distinguishes it from JSQ.
+    on purpose: that is what distinguishes it from JSQ. Mixed cluster: decode tokens left in
+    seconds of each instance's time (``base.load_s``).
     """
 
     name = "decode_balancer"
 
     def select(self, cluster, rid: int) -> int:
         self._require_reset(cluster)
-        return argmin(e.decode_tokens_left() for e in cluster.engines)
+        if cluster.speeds.homogeneous:
+            return argmin(e.decode_tokens_left() for e in cluster.engines)
+        return argmin(load_s(cluster, i, e.decode_tokens_left()) for i, e in enumerate(cluster.engines))
 
 
 @dataclass(frozen=True)
@@ -63,6 +71,8 @@ class DedicatedSmallLarge(RouterBase):
     ties-to-lowest both groups fill from their first member). Within a group the request goes to
     the instance with the least token work left (JSQ's measure), ties to the lowest index.
     The point of the policy is isolation: short requests never queue behind long decodes.
+    Mixed cluster: the groups stay index-based (order the instances so that the heavy group is
+    the one you want), and within a group the measure is JSQ's in seconds (``base.load_s``).
     """
 
     name = "dedicated_small_large"
@@ -82,4 +92,6 @@ class DedicatedSmallLarge(RouterBase):
         self._require_reset(cluster)
         group = self.heavy_instances if self.is_heavy(cluster, rid) else self.light_instances
         eng = cluster.engines
-        return group[argmin(work_left_tokens(eng[i]) for i in group)]
+        if cluster.speeds.homogeneous:
+            return group[argmin(work_left_tokens(eng[i]) for i in group)]
+        return group[argmin(load_s(cluster, i, work_left_tokens(eng[i])) for i in group)]

@@ -1,9 +1,15 @@
-"""m identical instances behind one router queue, and the clock that drives them.
+"""m instances behind one router queue, and the clock that drives them.
 
 The cluster owns the episode's ``RequestTable``. ``advance_to(T)`` moves arrivals up to ``T``
 into the router queue (or rejects them, with a reason) and runs every instance's iterations that
 start before ``T``; ``route(i)`` sends the head of the router queue to instance ``i`` at the
 current time. The router (a policy, or the Gymnasium env) decides between those two calls.
+
+Instances may differ (``ClusterConfig.instances``: GPU, model, engine options); ``speeds``
+(``sim/speed.py``) says how fast and how large each is. A mixed cluster rejects at arrival a
+request that does not fit *every* instance (context window, KV cache, token budget), so no
+routing choice can strand a request on an instance that can never run it; with one model on
+every instance only tiny KV caches make this stricter than the largest instance's limit.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections import deque
 from ._compiled import engine_class
 from .config import ClusterConfig
 from .request import RequestTable, Status
+from .speed import InstanceSpeeds
 
 
 class Cluster:
@@ -21,13 +28,13 @@ class Cluster:
                  num_decode_buckets: int = 1, check: bool = False, count_penalty: bool = False):
         self.cfg = cfg
         self.table = table
-        e = cfg.engine
         Engine = engine_class()
         self.engines = [
             Engine(i, e, table, fast=cfg.fast, num_prompt_buckets=num_prompt_buckets,
                    num_decode_buckets=num_decode_buckets, check=check)
-            for i in range(cfg.num_instances)
+            for i, e in enumerate(cfg.engines)
         ]
+        self.speeds = InstanceSpeeds(cfg.engines)
         # The in-system penalty: sum of inv_ideal * (1 - progress) (the paper's), or with
         # ``count_penalty`` the number of requests in the system (total latency's integrand).
         self.count_penalty = count_penalty
@@ -42,11 +49,18 @@ class Cluster:
         # When the router last sent each instance a request (-inf: never): routers that release
         # in rounds read it, so they need no memory of their own and can label any state.
         self.last_route_s = [-math.inf] * cfg.num_instances
-        # Rejection limits: identical instances, so a request either fits all or none.
-        self._max_len = e.context_len
-        self._max_blocks = e.total_blocks - e.watermark_blocks
-        self._bs = e.block_size
-        self._max_batched = None if e.chunked_prefill else e.token_budget
+        # Rejection limits: a request must fit every instance (identical instances: all or none).
+        # ceil(tokens / block_size) <= blocks  <=>  tokens <= blocks * block_size (integers).
+        engines = cfg.engines
+        self._max_len = min(e.context_len for e in engines)
+        self._max_kv_tokens = min((e.total_blocks - e.watermark_blocks) * e.block_size for e in engines)
+        budgets = [e.token_budget for e in engines if not e.chunked_prefill]
+        self._max_batched = min(budgets) if budgets else None
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Most prompt + output tokens a request may have without being rejected at arrival."""
+        return min(self._max_len, self._max_kv_tokens)
 
     # ----------------------------------------------------------------- time
     @property
@@ -82,7 +96,7 @@ class Cluster:
         reason = None
         if p + d > self._max_len:
             reason = "exceeds_max_model_len"
-        elif -(-(p + d) // self._bs) > self._max_blocks:
+        elif p + d > self._max_kv_tokens:
             reason = "exceeds_kv_capacity"
         elif self._max_batched is not None and p > self._max_batched:
             reason = "exceeds_max_num_batched_tokens"

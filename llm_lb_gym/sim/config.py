@@ -2,15 +2,21 @@
 
 Defaults are vLLM v0's for Llama-2-7B: block size 16, 1% watermark, 128 sequences, a token budget
 of max(max_model_len, 2048) without chunking, FCFS.
+
+A cluster is homogeneous (``num_instances`` copies of ``engine``) or mixed: ``instances`` lists
+engine groups, each ``{count: n, **engine options}`` (or an ``EngineConfig``, count 1), whose
+unset options come from ``engine``; e.g. 2 x A100 + 2 x V100 is
+``instances=[{"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2}]``.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
-from .._validate import ConfigError, check_bool, check_choice, check_int, check_range
-from ..limits import MAX_CONTEXT_TOKENS, MAX_TOKENS
+from .._validate import ConfigError, check_bool, check_choice, check_int, check_range, reject_unknown
+from ..limits import MAX_CONTEXT_TOKENS, MAX_INSTANCES, MAX_TOKENS
 from .batching import SCHEDULERS
 from .catalog import custom_preset
 from .gpus import GPUS
@@ -133,18 +139,111 @@ class EngineConfig:
         return 2048 if self.chunked_prefill else max(self.context_len, 2048)
 
 
+ENGINE_OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(EngineConfig))
+
+
+def expand_instance_groups(groups: Any, base: EngineConfig, option: str = "cluster.instances",
+                           ) -> tuple[EngineConfig, ...]:
+    """One ``EngineConfig`` per instance from a list of engine groups.
+
+    A group is an ``EngineConfig`` (one instance) or a mapping of engine options plus ``count``
+    (instances of that kind, default 1); options it leaves out come from ``base`` (the cluster's
+    ``engine``). Errors name the group index and the field (``instances[1].count``)."""
+    if isinstance(groups, (str, bytes)) or isinstance(groups, EngineConfig) or hasattr(groups, "keys") \
+            or not hasattr(groups, "__iter__"):
+        raise ConfigError(f"{option}={groups!r} must be a list of engine groups, e.g. "
+                          "[{preset: llama2-7b-a100, count: 2}, {preset: llama2-7b-v100, count: 2}]")
+    out: list[EngineConfig] = []
+    for g, group in enumerate(groups):
+        where = f"{option}[{g}]"
+        if isinstance(group, EngineConfig):
+            out.append(group)
+            continue
+        if not hasattr(group, "keys"):
+            raise ConfigError(f"{where}={group!r} must be an engine group: a mapping of engine "
+                              f"options and count; allowed keys: count, {', '.join(ENGINE_OPTIONS)}")
+        opts = dict(group)
+        reject_unknown(where, opts, ("count", *ENGINE_OPTIONS))
+        count = opts.pop("count", 1)
+        check_int(f"{where}.count", count, 1, MAX_INSTANCES)
+        try:
+            engine = replace(base, **opts)
+        except ConfigError as exc:   # the engine's message names the field; add the group
+            raise ConfigError(f"{where}: {exc}") from None
+        out += [engine] * int(count)
+    if not out:
+        raise ConfigError(f"{option} is empty; allowed: a list of at least one engine group")
+    if len(out) > MAX_INSTANCES:
+        raise ConfigError(f"{option} adds up to {len(out)} instances; allowed: at most {MAX_INSTANCES}")
+    return tuple(out)
+
+
+def resolve_instances(num_instances: int | None, instances: Any, base: EngineConfig,
+                      prefix: str = "cluster.") -> tuple[int, tuple[EngineConfig, ...] | None]:
+    """(instance count, per-instance engines or None) from the two ways of sizing a cluster:
+    ``num_instances`` alone (homogeneous; default 4), or ``instances`` (mixed), with
+    ``num_instances`` None or equal to the instances' total."""
+    if instances is None:
+        m = 4 if num_instances is None else num_instances
+        check_int(f"{prefix}num_instances", m, 1, MAX_INSTANCES)
+        return m, None
+    engines = expand_instance_groups(instances, base, f"{prefix}instances")
+    if num_instances is not None:
+        check_int(f"{prefix}num_instances", num_instances, 1, MAX_INSTANCES)
+        if num_instances != len(engines):
+            raise ConfigError(
+                f"{prefix}num_instances={num_instances} and {prefix}instances ({len(engines)} "
+                f"instances in {len(list(instances))} groups) disagree; give one of them (set "
+                f"{prefix}num_instances=null) or the same count")
+    return len(engines), engines
+
+
 @dataclass(frozen=True)
 class ClusterConfig:
-    """m identical instances behind one router."""
+    """The instances behind one router: ``num_instances`` copies of ``engine`` (homogeneous), or
+    ``instances``, one engine config per instance (a mixed cluster, e.g. A100s and V100s)."""
 
-    num_instances: int = 4
+    num_instances: int | None = None
+    """Instances of ``engine``; None = 4, or the count of ``instances`` when that is given."""
     engine: EngineConfig = field(default_factory=EngineConfig)
+    """The engine of every instance (homogeneous), or the defaults of the engine groups."""
     fast: bool = True
     """Advance stretches of identical decode iterations in closed form; False = one iteration
     at a time (the reference mode the tests compare against)."""
+    instances: tuple[EngineConfig, ...] | None = None
+    """Engine groups of a mixed cluster (``expand_instance_groups``), stored expanded: one
+    ``EngineConfig`` per instance. None: homogeneous."""
 
     def __post_init__(self) -> None:
-        check_int("cluster.num_instances", self.num_instances, 1)
         check_bool("cluster.fast", self.fast)
         if isinstance(self.engine, dict):
             object.__setattr__(self, "engine", EngineConfig(**self.engine))
+        m, engines = resolve_instances(self.num_instances, self.instances, self.engine)
+        object.__setattr__(self, "num_instances", m)
+        object.__setattr__(self, "instances", engines)
+
+    @property
+    def engines(self) -> tuple[EngineConfig, ...]:
+        """Each instance's engine config, in instance order."""
+        if self.instances is None:
+            return (self.engine,) * self.num_instances
+        return self.instances
+
+    @property
+    def homogeneous(self) -> bool:
+        """Every instance has the same engine config (a mixed list of equal groups is too)."""
+        if self.instances is None:
+            return True
+        first = self.instances[0]
+        return all(e == first for e in self.instances)
+
+    def describe(self) -> str:
+        """Instances by preset, in order: ``4 x llama2-7b-v100``, ``2 x llama2-7b-a100 + 2 x
+        llama2-7b-v100`` (run records and result headers)."""
+        runs: list[list] = []
+        for e in self.engines:
+            if runs and runs[-1][0] == e:
+                runs[-1][1] += 1
+            else:
+                runs.append([e, 1])
+        return " + ".join(f"{n} x {e.preset}" for e, n in runs)
