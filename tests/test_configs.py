@@ -160,7 +160,7 @@ def test_experiment_list_composes_debug_on_top():
     """``experiment=[setting,debug]`` shrinks a paper setting and keeps what debug leaves alone."""
     cfg = _compose(["experiment=[paper_v100_kv_limited,debug]"])
     assert cfg.env.num_requests == 60
-    assert cfg.engine.num_kv_blocks == 72
+    assert (cfg.engine.preset, cfg.engine.max_model_len) == ("llama2-7b-v100-16gb", 1024)
     assert cfg.train.episodes == 4
 
 
