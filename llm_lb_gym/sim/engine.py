@@ -43,6 +43,7 @@ class Engine:
         self.table = table
         self.fast = fast
         self.check = check
+        self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.c0, self.cp, self.ca = lat.base_s, lat.prefill_token_s, lat.prefill_attn_s
         self.cds, self.cdc = lat.decode_seq_s, lat.decode_ctx_s
         self.bs = cfg.block_size
@@ -79,6 +80,8 @@ class Engine:
         self.n_iterations = 0
         self.n_prefill_iterations = 0
         self.fin_weight = 0.0       # completions weighted by grid_penalty's weights (env reward)
+        self.n_slo_met = 0          # finished within both SLO deadlines (table.slo_on; sim/slo.py)
+        self.met_weight = 0.0       # those completions weighted like fin_weight (env's slo reward)
         self.count_mode = False     # penalty() counts requests instead (the env's latency reward)
         # Observation aggregates.
         self.prompt_counts = [0] * num_prompt_buckets   # requests in prompt phase per bucket
@@ -234,10 +237,11 @@ class Engine:
                     break
             T = j * dt
             if self.t < T:
-                nf = self.n_finished
+                nf, nm = self.n_finished, self.n_slo_met
                 self.advance_to(T)
                 if self.n_finished != nf:
                     self.fin_weight += w * (self.n_finished - nf)
+                    self.met_weight += w * (self.n_slo_met - nm)
             total += w * self.penalty()
             w *= g
             j += 1
@@ -253,10 +257,11 @@ class Engine:
             j += 1
             T = j * dt
             if self.t < T:
-                nf = self.n_finished
+                nf, nm = self.n_finished, self.n_slo_met
                 self.advance_to(T)
                 if self.n_finished != nf:
                     self.fin_weight += w * (self.n_finished - nf)
+                    self.met_weight += w * (self.n_slo_met - nm)
             total += w * self.penalty()
             w *= g
         return total, j
@@ -427,6 +432,8 @@ class Engine:
         tb.o_base[rid] = o
         self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
         self.n_finished += 1
+        if tb.slo_on and tb.meets_slo(rid):
+            self.n_slo_met += 1
         self._blocked = False
         if self.idle():   # nobody left: drop the float residue, so an idle penalty is exactly 0
             self.pen_static = 0.0
