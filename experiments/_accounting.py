@@ -7,6 +7,10 @@ healthy mean E2E. Every table therefore carries completed / rejected / unfinishe
 (means per episode) and, when more than ``LOSS_WARN_FRACTION`` of the requests were rejected or
 left unfinished, a warning line above it; and its header names the workload actually replayed
 (a trace's path and rate scale), read from the env rather than from the config group's name.
+
+The same cells carry the latency SLO outcome (``llm_lb_gym/sim/slo.py``): SLO attainment (% of
+all requests, rejected and unfinished ones counting as misses) and goodput (requests meeting
+both deadlines per second of makespan); "n/a" where the env had no deadlines (``env.slo=null``).
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 ACCOUNTING_COLUMNS = (("completed", "completed"), ("rejected", "rejected"),
-                      ("unfinished", "unfinished"))
+                      ("unfinished", "unfinished"), ("slo_attainment_pct", "SLO met (%)"),
+                      ("goodput_rps", "goodput (req/s)"))
 """(metrics key, column title); each cell is the mean per episode."""
+_SLO_FORMATS = {"slo_attainment_pct": "{:.1f}", "goodput_rps": "{:.2f}"}
 LOSS_WARN_FRACTION = 0.01
 """Warn above this share of requests rejected or left unfinished."""
 
@@ -34,9 +40,19 @@ def _fmt(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
+def _cell(rows: list[dict], key: str) -> str:
+    if key in _SLO_FORMATS:
+        values = [r.get(key) for r in rows]
+        if any(v is None or v != v for v in values):   # no deadlines (or a CSV's empty cell)
+            return "n/a"
+        return _SLO_FORMATS[key].format(np.mean([float(v) for v in values]))
+    return _fmt(np.mean([_count(r, key) for r in rows]))
+
+
 def accounting_cells(rows: list[dict]) -> list[str]:
-    """completed, rejected, unfinished over ``rows`` (episodes), as table cells."""
-    return [_fmt(np.mean([_count(r, k) for r in rows])) for k, _ in ACCOUNTING_COLUMNS]
+    """completed, rejected, unfinished, SLO attainment and goodput over ``rows`` (episodes),
+    as table cells."""
+    return [_cell(rows, k) for k, _ in ACCOUNTING_COLUMNS]
 
 
 def loss_warning(rows: list[dict]) -> str | None:

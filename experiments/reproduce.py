@@ -83,7 +83,7 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
     positive = faster), the p99 E2E and its change, preemptions, router waits (mean and p99: the
     price of holding requests), the worst episode's distance from the router's median episode
     (a collapsing policy shows here), request accounting, and the paper's numbers."""
-    from experiments._accounting import accounting_cells
+    from experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
     from experiments.evaluate import paired_change
 
     policies = list(dict.fromkeys(r["policy"] for r in rows))
@@ -92,9 +92,9 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
     base99 = np.array([r["p99_e2e_s"] for r in by[baseline]])
     lines = ["| router | mean E2E (s) | reduction vs RR (%, 95% CI) | p99 E2E (s) | p99 change vs RR (%) "
              "| preemptions | router wait mean / p99 (s) | worst episode vs median (points) "
-             "| completed | rejected | unfinished | s per episode "
+             "| " + " | ".join(t for _, t in ACCOUNTING_COLUMNS) + " | s per episode "
              "| paper: reduction vs RR (%) | paper: router wait (s) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|" + "---|" * (11 + len(ACCOUNTING_COLUMNS))]
     order = sorted(policies, key=lambda p: (p != baseline, p not in labels, policies.index(p)))
     for p in order:
         e2e = np.array([r["mean_e2e_s"] for r in by[p]])

@@ -70,7 +70,10 @@ class Deadline:
         if not isinstance(self.value, dict):
             return np.full(len(task_names), self.value, np.float64)
         opt = f"slo.{self.kind}_{'s' if self.basis == 'seconds' else 'multiple'}"
-        reject_unknown(f"{opt} task", self.value, task_names)
+        unknown = [t for t in self.value if t not in task_names]
+        if unknown:
+            raise ConfigError(f"{opt} names unknown task(s) {', '.join(unknown)}; allowed: the "
+                              f"workload's tasks {', '.join(task_names)}")
         missing = [t for t in task_names if t not in self.value]
         if missing:
             raise ConfigError(f"{opt} has no value for task(s) {', '.join(missing)}; it must name "
