@@ -15,10 +15,10 @@ from llm_lb_gym.policies.drive import decide
 from llm_lb_gym.rollout import make_env_router, rollout_router
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
-from llm_lb_gym.sim.latency import LatencyModel
+from llm_lb_gym.sim.latency import PRESETS, LatencyModel
 from llm_lb_gym.sim.metrics import SLO_METRIC_KEYS, episode_metrics
 from llm_lb_gym.sim.request import RequestTable
-from llm_lb_gym.sim.slo import SLOConfig, isolated_tbt_s, request_deadlines
+from llm_lb_gym.sim.slo import SLOConfig, isolated_tbt_s, isolated_tbt_s_array, request_deadlines
 
 from test_semi_mdp import SMALL, _env_return
 
@@ -75,6 +75,17 @@ def test_multiples_use_the_latency_model_isolated_times():
     # Isolated prefill of 8 tokens: 1 + 8/8 = 2 s; alone, every decode step is 1 + 1/4 = 1.25 s.
     assert ttft.tolist() == [4.0, 3.0] and tbt.tolist() == [3.75, math.inf]
     assert isolated_tbt_s(SIMPLE, 8, 4) == 1.25
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_vectorised_isolated_tbt_is_the_per_request_definition(preset):
+    lat = PRESETS[preset].latency
+    rng = np.random.default_rng(0)
+    p, d = rng.integers(1, 4000, 300), rng.integers(1, 3000, 300)
+    want = [isolated_tbt_s(lat, a, b) for a, b in zip(p, d)]
+    np.testing.assert_allclose(isolated_tbt_s_array(lat, p, d), want, rtol=1e-12)
+    _, tbt = request_deadlines(SLOConfig(tbt_multiple=3.0), lat, p, d, np.zeros(300, int), ("x",))
+    np.testing.assert_allclose(tbt, 3.0 * np.array(want), rtol=1e-12)
 
 
 # ----------------------------------------------------------------------- hand-worked metrics

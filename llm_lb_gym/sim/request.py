@@ -69,8 +69,8 @@ class RequestTable:
         # Latency SLO deadlines (``sim/slo.py``), set before the episode starts; inf: none.
         self.slo_on = ttft_deadline_s is not None or tbt_deadline_s is not None
         inf = [math.inf] * n
-        self.ttft_deadline_s: list[float] = inf if ttft_deadline_s is None else [float(x) for x in ttft_deadline_s]
-        self.tbt_deadline_s: list[float] = list(inf) if tbt_deadline_s is None else [float(x) for x in tbt_deadline_s]
+        self.ttft_deadline_s: list[float] = inf if ttft_deadline_s is None else np.asarray(ttft_deadline_s, np.float64).tolist()
+        self.tbt_deadline_s: list[float] = list(inf) if tbt_deadline_s is None else np.asarray(tbt_deadline_s, np.float64).tolist()
         assert len(self.ttft_deadline_s) == n and len(self.tbt_deadline_s) == n, "one deadline per request"
         nan = math.nan
         self.status: list[int] = [Status.PENDING] * n

@@ -145,11 +145,23 @@ class SLOConfig:
 
 def isolated_tbt_s(latency, prompt_tokens: int, decode_tokens: int) -> float:
     """Mean time per output token after the first of a request alone on an idle instance
-    (``inf`` for a one-token request, which has no TBT)."""
+    (``inf`` for a one-token request, which has no TBT): the definition."""
     if decode_tokens <= 1:
         return math.inf
     p = int(prompt_tokens)
     return (latency.isolated_request_s(p, int(decode_tokens)) - latency.prefill_s(p)) / (decode_tokens - 1)
+
+
+def isolated_tbt_s_array(latency, prompt_tokens: np.ndarray, decode_tokens: np.ndarray) -> np.ndarray:
+    """``isolated_tbt_s`` for whole arrays in one call: alone, the decode steps of a request see
+    contexts p + 1 .. p + d - 1, whose mean is p + d / 2, and an iteration's time is linear in
+    its decode context, so the mean step is one ``iteration_s`` at the mean context.
+    ``tests/test_slo.py`` holds it equal to the per-request definition (a latency model that
+    stops being linear in the context fails there)."""
+    p = np.asarray(prompt_tokens, np.float64)
+    d = np.asarray(decode_tokens, np.float64)
+    step = latency.iteration_s(decode_seqs=1, decode_ctx_tokens=p + d / 2.0)
+    return np.where(d > 1, step, math.inf)
 
 
 def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, task_id,
@@ -157,9 +169,9 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
     """(TTFT deadline, TBT deadline) in seconds per request; ``inf`` where a kind is off.
 
     ``latency`` is the instances' model, used only through its methods (``prefill_s``,
-    ``isolated_request_s``), so a new latency formula changes deadlines consistently."""
+    ``iteration_s``), vectorised over the episode (one call per kind, not per request: an env
+    reset computes them)."""
     prompt = np.asarray(prompt_tokens, np.int64)
-    decode = np.asarray(decode_tokens, np.int64)
     task = np.asarray(task_id, np.int64)
     n = len(prompt)
     out = []
@@ -170,12 +182,11 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
         value = d.per_task(tuple(task_names))[task]
         if d.basis == "multiple":
             if kind == "ttft":
-                iso = np.array([latency.prefill_s(int(p)) for p in prompt], np.float64)
+                iso = np.asarray(latency.prefill_s(prompt), np.float64) + np.zeros(n)
             else:
-                iso = np.array([isolated_tbt_s(latency, p, k) for p, k in zip(prompt, decode)],
-                               np.float64)
+                iso = isolated_tbt_s_array(latency, prompt, np.asarray(decode_tokens, np.int64))
             value = value * iso
-        out.append(value)
+        out.append(np.asarray(value, np.float64))
     return out[0], out[1]
 
 
