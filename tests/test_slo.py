@@ -251,6 +251,21 @@ def test_slo_aware_packs_with_least_headroom_and_takes_the_smallest_violation():
     assert _pick(c) == 1
 
 
+def test_slo_aware_on_miss_parks_a_hopeless_request():
+    # A 1.01x deadline nobody meets at t = 0.5 (0.5 s waited + a 2 s prefill > 1.01 x 2 s):
+    # instance 0 has four queued requests, 1 one, 2 none: least_violation picks the idle one,
+    # largest_violation the longest queue.
+    c = _cluster(3, [(64, 8)] * 4 + [(16, 4), (8, 4)], [0, 0, 0, 0, 1],
+                 SLOConfig(ttft_multiple=1.01, tbt_multiple=1.01))
+    c.advance_to(0.5)
+    assert _pick(c) == 2 and _pick(c, on_miss="largest_violation") == 0
+    with pytest.raises(ConfigError, match=r"router.slo_aware.on_miss='park' is not valid; allowed: "
+                                          r"least_violation, largest_violation"):
+        make_router("slo_aware", on_miss="park")
+    with pytest.raises(ConfigError, match=r"router.slo_aware.slo_buffer=0.5 is out of range"):
+        make_router("slo_aware", slo_buffer=0.5)
+
+
 def test_slo_aware_without_deadlines_takes_the_lowest_predicted_latency():
     c = _cluster(3, [(64, 8)] * 3 + [(8, 4)], [0, 0, 1])
     c.table.slo_on = False
