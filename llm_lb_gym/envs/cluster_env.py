@@ -54,7 +54,8 @@ class LLMClusterEnv(gym.Env):
 
     ## Rewards
     ``-sum over elapsed intervals of sum_j (1/T_j)(1 - f_jt) + r_w * completions + w_k * h``
-    (``llm_lb_gym/envs/reward.py``); components in ``info["reward_components"]``, the
+    (``llm_lb_gym/envs/reward.py``), plus ``reward.slo_reward`` per request finishing within
+    its SLO deadlines (``reward=slo``); components in ``info["reward_components"]``, the
     guidance weight in ``info["guidance_weight"]``.
 
     ## Time
@@ -80,7 +81,8 @@ class LLMClusterEnv(gym.Env):
     ## Arguments
     See ``EnvConfig`` (``llm_lb_gym/envs/config.py``): ``num_instances``, ``num_requests``,
     ``arrival_rate_rps``, ``workload``, ``engine``, ``predictor``, ``reward``, ``obs``,
-    ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``; and
+    ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``,
+    ``slo`` (per-request TTFT/TBT deadlines, ``llm_lb_gym/sim/slo.py``); and
     Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
     (``__init__() got an unexpected keyword argument 'x'``, then the allowed names), which is
     also a ``ConfigError``.
