@@ -96,7 +96,8 @@ def _two_requests_and_a_reject(slo: SLOConfig, fast: bool = True) -> RequestTabl
     two decodes of A and B 4.75-7.75: both finish at 7.75."""
     arrival, prompt, decode = [0.0, 1.0, 2.5], [8, 5000, 4], [4, 1, 3]
     ttft, tbt = request_deadlines(slo, SIMPLE, prompt, decode, [0, 0, 0], ("default",))
-    table = RequestTable(arrival, prompt, decode, decode, ttft_deadline_s=ttft, tbt_deadline_s=tbt)
+    table = RequestTable(arrival, prompt, decode, decode, ttft_deadline_s=ttft, tbt_deadline_s=tbt,
+                         count_slo=True)
     engine = EngineConfig(block_size=4, num_kv_blocks=1000, watermark=0.0, latency=SIMPLE)
     c = Cluster(ClusterConfig(1, engine, fast=fast), table, check=True)
     for t in arrival:
@@ -107,6 +108,7 @@ def _two_requests_and_a_reject(slo: SLOConfig, fast: bool = True) -> RequestTabl
     assert (table.first_token_s[0], table.first_token_s[2]) == (2.0, 4.75) and math.isnan(table.first_token_s[1])
     assert (table.finish_s[0], table.finish_s[2], table.reject_reason[1]) == (7.75, 7.75, "exceeds_max_model_len")
     assert c.n_slo_met == episode_metrics(table)["slo_met"]   # the engine's count = the metrics'
+    assert c.n_slo_met > 0
     return table
 
 

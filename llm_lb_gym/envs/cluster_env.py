@@ -200,7 +200,8 @@ class LLMClusterEnv(gym.Env):
             batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred.tokens, batch.task_id,
             prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
             decode_bucket=ob.decode_scheme.bucket(pred.tokens),
-            inv_ideal_s=1.0 / ideal, ttft_deadline_s=ttft_dl, tbt_deadline_s=tbt_dl)
+            inv_ideal_s=1.0 / ideal, ttft_deadline_s=ttft_dl, tbt_deadline_s=tbt_dl,
+            count_slo=self._slo_reward)
         self.pred_bucket = pred.bucket
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
                                num_decode_buckets=ob.n_d, check=self.cfg.check_invariants,

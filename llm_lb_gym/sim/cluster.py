@@ -193,7 +193,8 @@ class Cluster:
 
     @property
     def n_slo_met(self) -> int:
-        """Requests finished within both SLO deadlines so far (0 without deadlines)."""
+        """Requests finished within both SLO deadlines so far (counted only with
+        ``table.count_slo``, which the env sets for its slo reward; 0 otherwise)."""
         n = 0
         for e in self.engines:
             n += e.n_slo_met

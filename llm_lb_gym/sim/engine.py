@@ -80,7 +80,7 @@ class Engine:
         self.n_iterations = 0
         self.n_prefill_iterations = 0
         self.fin_weight = 0.0       # completions weighted by grid_penalty's weights (env reward)
-        self.n_slo_met = 0          # finished within both SLO deadlines (table.slo_on; sim/slo.py)
+        self.n_slo_met = 0          # finished within both SLO deadlines (if table.count_slo; sim/slo.py)
         self.met_weight = 0.0       # those completions weighted like fin_weight (env's slo reward)
         self.count_mode = False     # penalty() counts requests instead (the env's latency reward)
         # Observation aggregates.
@@ -432,7 +432,7 @@ class Engine:
         tb.o_base[rid] = o
         self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
         self.n_finished += 1
-        if tb.slo_on and tb.meets_slo(rid):
+        if tb.count_slo and tb.meets_slo(rid):
             self.n_slo_met += 1
         self._blocked = False
         if self.idle():   # nobody left: drop the float residue, so an idle penalty is exactly 0

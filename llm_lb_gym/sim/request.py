@@ -54,7 +54,7 @@ class RequestTable:
 
     def __init__(self, arrival_s, prompt_tokens, decode_tokens, pred_decode_tokens,
                  task_id=None, prompt_bucket=None, decode_bucket=None, inv_ideal_s=None,
-                 ttft_deadline_s=None, tbt_deadline_s=None):
+                 ttft_deadline_s=None, tbt_deadline_s=None, count_slo=False):
         n = len(arrival_s)
         self.n = n
         self.arrival_s: list[float] = [float(x) for x in arrival_s]
@@ -68,6 +68,9 @@ class RequestTable:
         self.inv_ideal: list[float] = [0.0] * n if inv_ideal_s is None else [float(x) for x in inv_ideal_s]
         # Latency SLO deadlines (``sim/slo.py``), set before the episode starts; inf: none.
         self.slo_on = ttft_deadline_s is not None or tbt_deadline_s is not None
+        # Engines count completions within both deadlines (``n_slo_met``) only when asked: the
+        # env's slo reward needs them as they happen; the metrics recompute them at the end.
+        self.count_slo = bool(count_slo) and self.slo_on
         inf = [math.inf] * n
         self.ttft_deadline_s: list[float] = inf if ttft_deadline_s is None else np.asarray(ttft_deadline_s, np.float64).tolist()
         self.tbt_deadline_s: list[float] = list(inf) if tbt_deadline_s is None else np.asarray(tbt_deadline_s, np.float64).tolist()
