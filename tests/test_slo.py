@@ -308,3 +308,25 @@ def test_tables_carry_attainment_and_goodput():
         assert len({line.count("|") for line in t.splitlines()}) == 1
     no_slo = [{k: v for k, v in r.items() if k not in ("slo_attainment_pct", "goodput_rps")} for r in rows]
     assert "| n/a | n/a |" in summarize(no_slo, "round_robin")
+
+
+def test_evaluate_counts_rejected_and_unfinished_requests_as_misses(tmp_path, monkeypatch):
+    """An evaluation where a third of the requests can never run (rejected) and an agent that
+    only defers until its step limit (all unfinished): both show in the SLO columns."""
+    import agents.factory
+    from experiments.evaluate import evaluate
+
+    from test_tables import _cells, _Deferrer, _eval_cfg, _long_context_trace
+
+    workload = {"name": "trace", "path": str(_long_context_trace(tmp_path)), "format": "mooncake",
+                "rate_scale": 2.0, "start": "head"}
+    ev = evaluate(_eval_cfg(tmp_path, workload), out=tmp_path / "a")
+    rr = _cells(ev["table"], "round_robin")
+    assert rr["rejected"] == "20" and 0.0 < float(rr["SLO met (%)"]) <= 100 * 10 / 30
+    monkeypatch.setattr(agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
+    cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8)
+    cfg.agents = {"deferrer": {"kind": "dqn", "path": "unused"}}
+    table = evaluate(cfg, out=tmp_path / "b")["table"]
+    cells = _cells(table, "deferrer")
+    assert (cells["unfinished"], cells["SLO met (%)"], cells["goodput (req/s)"]) == ("30", "0.0", "0.00")
+    assert float(_cells(table, "round_robin")["SLO met (%)"]) > 50
