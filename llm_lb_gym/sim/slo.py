@@ -136,6 +136,11 @@ class SLOConfig:
         reject_unknown("slo", value, [f.name for f in fields(SLOConfig)])
         return SLOConfig(**value)
 
+    @property
+    def per_task(self) -> bool:
+        """Whether some deadline is given per task (and so depends on the workload's tasks)."""
+        return any(isinstance(getattr(self, f.name), dict) for f in fields(self))
+
     def check_tasks(self, task_names: tuple[str, ...]) -> None:
         """Fail now (naming the option) if a per-task deadline does not match the workload."""
         for d in (self.ttft, self.tbt):
