@@ -51,7 +51,8 @@ def paired_difference(values: np.ndarray, base: np.ndarray) -> tuple[float, floa
     diff = np.asarray(values, np.float64) - np.asarray(base, np.float64)
     if len(diff) < 2:
         return float(diff.mean()), math.nan
-    return float(diff.mean()), float(stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff)))
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff))
+    return float(diff.mean()), float(half)
 
 
 def _ci(mean: float, half: float, unit: str) -> str:

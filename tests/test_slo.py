@@ -18,7 +18,7 @@ from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.latency import PRESETS, LatencyModel
 from llm_lb_gym.sim.metrics import SLO_METRIC_KEYS, episode_metrics
 from llm_lb_gym.sim.request import RequestTable
-from llm_lb_gym.sim.slo import SLOConfig, isolated_tbt_s, isolated_tbt_s_array, request_deadlines
+from llm_lb_gym.sim.slo import SLOConfig, isolated_decode_step_s, request_deadlines
 
 from test_semi_mdp import SMALL, _env_return
 
@@ -72,20 +72,22 @@ def test_slo_reward_needs_deadlines():
 def test_multiples_use_the_latency_model_isolated_times():
     ttft, tbt = request_deadlines(SLOConfig(ttft_multiple=2.0, tbt_multiple=3.0), SIMPLE,
                                   [8, 4], [4, 1], [0, 0], ("default",))
-    # Isolated prefill of 8 tokens: 1 + 8/8 = 2 s; alone, every decode step is 1 + 1/4 = 1.25 s.
-    assert ttft.tolist() == [4.0, 3.0] and tbt.tolist() == [3.75, math.inf]
-    assert isolated_tbt_s(SIMPLE, 8, 4) == 1.25
+    # Isolated prefill of 8 tokens: 1 + 8/8 = 2 s; a lone decode step is 1 + 1/4 = 1.25 s.
+    assert ttft.tolist() == [4.0, 3.0] and tbt.tolist() == [3.75, 3.75]
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_vectorised_isolated_tbt_is_the_per_request_definition(preset):
+def test_isolated_decode_step_is_a_lone_first_decode_and_ignores_the_output_length(preset):
     lat = PRESETS[preset].latency
-    rng = np.random.default_rng(0)
-    p, d = rng.integers(1, 4000, 300), rng.integers(1, 3000, 300)
-    want = [isolated_tbt_s(lat, a, b) for a, b in zip(p, d)]
-    np.testing.assert_allclose(isolated_tbt_s_array(lat, p, d), want, rtol=1e-12)
-    _, tbt = request_deadlines(SLOConfig(tbt_multiple=3.0), lat, p, d, np.zeros(300, int), ("x",))
-    np.testing.assert_allclose(tbt, 3.0 * np.array(want), rtol=1e-12)
+    p = np.array([1, 100, 3000])
+    want = [lat.iteration_s(decode_seqs=1, decode_ctx_tokens=int(x) + 1) for x in p]
+    np.testing.assert_allclose(isolated_decode_step_s(lat, p), want, rtol=1e-12)
+    # Alone, the first decode step is the request's shortest: its isolated TBT is at least that.
+    assert all(lat.isolated_request_s(int(x), 50) - lat.prefill_s(int(x)) >= 49 * w for x, w in zip(p, want))
+    cfg = SLOConfig(ttft_multiple=3.0, tbt_multiple=3.0)
+    a = request_deadlines(cfg, lat, p, [1, 1, 1], np.zeros(3, int), ("x",))
+    b = request_deadlines(cfg, lat, p, [900, 5, 2000], np.zeros(3, int), ("x",))
+    assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
 
 
 # ----------------------------------------------------------------------- hand-worked metrics
@@ -115,7 +117,8 @@ def _two_requests_and_a_reject(slo: SLOConfig, fast: bool = True) -> RequestTabl
 @pytest.mark.parametrize("fast", [True, False], ids=["fast", "step"])
 def test_attainment_and_goodput_by_hand(fast):
     # TTFT: A 2.0 vs 1.4 x 2.0 = 2.8 (met); B 4.75 - 2.5 = 2.25 vs 1.4 x 1.5 = 2.1 (missed).
-    # TBT: A (7.75 - 2) / 3 = 1.9167, B (7.75 - 4.75) / 2 = 1.5, both vs 1.6 x 1.25 = 2.0 (met).
+    # TBT: A (7.75 - 2) / 3 = 1.9167, B (7.75 - 4.75) / 2 = 1.5, both vs 1.6 x 1.25 = 2.0 (met)
+    # (a lone decode step is 1 + 1/4 = 1.25 s).
     # C was rejected: a miss of both. Makespan 0 .. 7.75 s.
     m = episode_metrics(_two_requests_and_a_reject(SLOConfig(ttft_multiple=1.4, tbt_multiple=1.6), fast))
     assert m["slo_met"] == 1

@@ -370,8 +370,8 @@ class LLMClusterEnv(gym.Env):
         weight g**(j - k_start - 1) of point j (g = 1 per-step: plain sums; semi-MDP: the
         discount of one interval, so the step's reward is its exact discounted sum), the
         plain completion count, and the completions within their SLO deadlines weighted the
-        same way (only with the slo reward; 0 otherwise). Equivalent to one ``_tick`` per decision interval
-        (``_batched_grid=False`` does exactly that; a test holds the two equal), but each
+        same way (only with the slo reward; 0 otherwise). Equivalent to one ``_tick`` per
+        decision interval (``_batched_grid=False`` does exactly that; a test holds the two equal), but each
         instance sums its own penalties over the skipped grid points in one call.
         """
         c = self.cluster

@@ -71,9 +71,11 @@ class RequestTable:
         # Engines count completions within both deadlines (``n_slo_met``) only when asked: the
         # env's slo reward needs them as they happen; the metrics recompute them at the end.
         self.count_slo = bool(count_slo) and self.slo_on
-        inf = [math.inf] * n
-        self.ttft_deadline_s: list[float] = inf if ttft_deadline_s is None else np.asarray(ttft_deadline_s, np.float64).tolist()
-        self.tbt_deadline_s: list[float] = list(inf) if tbt_deadline_s is None else np.asarray(tbt_deadline_s, np.float64).tolist()
+        def deadlines(x) -> list[float]:
+            return [math.inf] * n if x is None else np.asarray(x, np.float64).tolist()
+
+        self.ttft_deadline_s: list[float] = deadlines(ttft_deadline_s)
+        self.tbt_deadline_s: list[float] = deadlines(tbt_deadline_s)
         assert len(self.ttft_deadline_s) == n and len(self.tbt_deadline_s) == n, "one deadline per request"
         nan = math.nan
         self.status: list[int] = [Status.PENDING] * n

@@ -16,10 +16,13 @@ Deadlines are set per request when the episode is drawn, from one of two bases p
 
 - ``ttft_s`` / ``tbt_s``: an absolute deadline, one value for the whole workload or one per task
   (keyed by the workload's task names);
-- ``ttft_multiple`` / ``tbt_multiple``: a multiple of the request's isolated latency on the cluster's latency model: for
-  TTFT of its isolated prefill (``LatencyModel.prefill_s(prompt)``), for TBT of its isolated
-  mean decode step (``(isolated_request_s(p, d) - prefill_s(p)) / (d - 1)``, the TBT it would see
-  alone on an idle instance). One multiple, or one per task.
+- ``ttft_multiple`` / ``tbt_multiple``: a multiple of the request's isolated latency on the
+  instances' latency model: for TTFT of its isolated prefill (``LatencyModel.prefill_s(prompt)``),
+  for TBT of its isolated decode step (one decode iteration of it alone at context prompt + 1,
+  ``isolated_decode_step_s``). One multiple, or one per task.
+
+Routers read the deadlines (``table.ttft_deadline_s``, ``tbt_deadline_s``), so no deadline
+depends on the true output length (which routers must not see).
 
 The default (``SLOConfig()``) is 5x isolated for both, the scale at which Splitwise (Patel et al.
 2024) sets its P99 latency SLOs and DistServe (Zhong et al. 2024) reports attainment curves.
@@ -94,7 +97,7 @@ class SLOConfig:
     tbt_s: Any = None
     """Absolute deadline on the mean time between tokens, in seconds."""
     tbt_multiple: Any = 5.0
-    """TBT deadline as a multiple of the request's isolated mean decode step time."""
+    """TBT deadline as a multiple of the request's isolated decode step (``isolated_decode_step_s``)."""
 
     def __post_init__(self) -> None:
         for name in ("ttft_s", "ttft_multiple", "tbt_s", "tbt_multiple"):
@@ -130,8 +133,8 @@ class SLOConfig:
         if value is None or isinstance(value, SLOConfig):
             return value
         if not hasattr(value, "keys"):
-            raise ConfigError(f"slo={value!r} must be a mapping of {', '.join(f.name for f in fields(SLOConfig))} "
-                              "or null")
+            names = ", ".join(f.name for f in fields(SLOConfig))
+            raise ConfigError(f"slo={value!r} must be a mapping of {names} or null")
         value = dict(value)
         reject_unknown("slo", value, [f.name for f in fields(SLOConfig)])
         return SLOConfig(**value)
@@ -148,25 +151,15 @@ class SLOConfig:
                 d.per_task(tuple(task_names))
 
 
-def isolated_tbt_s(latency, prompt_tokens: int, decode_tokens: int) -> float:
-    """Mean time per output token after the first of a request alone on an idle instance
-    (``inf`` for a one-token request, which has no TBT): the definition."""
-    if decode_tokens <= 1:
-        return math.inf
-    p = int(prompt_tokens)
-    return (latency.isolated_request_s(p, int(decode_tokens)) - latency.prefill_s(p)) / (decode_tokens - 1)
+def isolated_decode_step_s(latency, prompt_tokens):
+    """The request's isolated decode step: one decode iteration of it alone on an idle instance
+    at its first decode's context (prompt + 1 tokens). Scalars or arrays (one call per episode).
 
-
-def isolated_tbt_s_array(latency, prompt_tokens: np.ndarray, decode_tokens: np.ndarray) -> np.ndarray:
-    """``isolated_tbt_s`` for whole arrays in one call: alone, the decode steps of a request see
-    contexts p + 1 .. p + d - 1, whose mean is p + d / 2, and an iteration's time is linear in
-    its decode context, so the mean step is one ``iteration_s`` at the mean context.
-    ``tests/test_slo.py`` holds it equal to the per-request definition (a latency model that
-    stops being linear in the context fails there)."""
+    Why not its mean step over the whole output: that depends on the true output length, and a
+    router reads the deadline, so it would leak the length routers must not see (the mean step
+    exceeds the first by ``decode_ctx_s x (d - 1) / 2``, about 1.5% for d = 1,000 on V100)."""
     p = np.asarray(prompt_tokens, np.float64)
-    d = np.asarray(decode_tokens, np.float64)
-    step = latency.iteration_s(decode_seqs=1, decode_ctx_tokens=p + d / 2.0)
-    return np.where(d > 1, step, math.inf)
+    return latency.iteration_s(decode_seqs=1, decode_ctx_tokens=p + 1.0)
 
 
 def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, task_id,
@@ -175,8 +168,9 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
 
     ``latency`` is the instances' model, used only through its methods (``prefill_s``,
     ``iteration_s``), vectorised over the episode (one call per kind, not per request: an env
-    reset computes them)."""
+    reset computes them). ``decode_tokens`` is not used: see ``isolated_decode_step_s``."""
     prompt = np.asarray(prompt_tokens, np.int64)
+    del decode_tokens   # deadlines must not depend on the output length (routers read them)
     task = np.asarray(task_id, np.int64)
     n = len(prompt)
     out = []
@@ -189,7 +183,7 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
             if kind == "ttft":
                 iso = np.asarray(latency.prefill_s(prompt), np.float64) + np.zeros(n)
             else:
-                iso = isolated_tbt_s_array(latency, prompt, np.asarray(decode_tokens, np.int64))
+                iso = np.asarray(isolated_decode_step_s(latency, prompt), np.float64) + np.zeros(n)
             value = value * iso
         out.append(np.asarray(value, np.float64))
     return out[0], out[1]
