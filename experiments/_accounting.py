@@ -7,6 +7,10 @@ healthy mean E2E. Every table therefore carries completed / rejected / unfinishe
 (means per episode) and, when more than ``LOSS_WARN_FRACTION`` of the requests were rejected or
 left unfinished, a warning line above it; and its header names the workload actually replayed
 (a trace's path and rate scale), read from the env rather than from the config group's name.
+
+The same cells carry the latency SLO outcome (``llm_lb_gym/sim/slo.py``): SLO attainment (% of
+all requests, rejected and unfinished ones counting as misses) and goodput (requests meeting
+both deadlines per second of makespan); "n/a" where the env had no deadlines (``env.slo=null``).
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import numpy as np
 
 ACCOUNTING_COLUMNS = (("completed", "completed"), ("rejected", "rejected"),
                       ("unfinished", "unfinished"), ("prefix_hit_rate", "prefix hit rate"),
-                      ("prefix_saved_tokens", "prefill tokens saved"))
+                      ("prefix_saved_tokens", "prefill tokens saved"),
+                      ("slo_attainment_pct", "SLO met (%)"), ("goodput_rps", "goodput (req/s)"))
 """(metrics key, column title); each cell is the mean per episode. The prefix-caching columns
-(``sim.metrics.prefix_cache_metrics``) are 0 where the engine caches nothing."""
+(``sim.metrics.prefix_cache_metrics``) are 0 where the engine caches nothing; the SLO columns
+read "n/a" where the episode had no deadlines."""
+_SLO_FORMATS = {"slo_attainment_pct": "{:.1f}", "goodput_rps": "{:.2f}"}
 LOSS_WARN_FRACTION = 0.01
 """Warn above this share of requests rejected or left unfinished."""
 
@@ -38,13 +45,20 @@ def _fmt(x: float) -> str:
     return f"{x:.0f}" if float(x).is_integer() else f"{x:.1f}"
 
 
+def _cell(rows: list[dict], key: str) -> str:
+    if key in _SLO_FORMATS:
+        values = [r.get(key) for r in rows]
+        if any(v is None or v != v for v in values):   # no deadlines (or a CSV's empty cell)
+            return "n/a"
+        return _SLO_FORMATS[key].format(np.mean([float(v) for v in values]))
+    x = float(np.mean([_count(r, key) for r in rows]))
+    return f"{100 * x:.1f}%" if key == "prefix_hit_rate" else _fmt(x)
+
+
 def accounting_cells(rows: list[dict]) -> list[str]:
-    """completed, rejected, unfinished over ``rows`` (episodes), as table cells."""
-    cells = []
-    for k, _ in ACCOUNTING_COLUMNS:
-        x = float(np.mean([_count(r, k) for r in rows]))
-        cells.append(f"{100 * x:.1f}%" if k == "prefix_hit_rate" else _fmt(x))
-    return cells
+    """completed, rejected, unfinished, prefix hit rate and tokens saved, SLO attainment and
+    goodput over ``rows`` (episodes), as table cells."""
+    return [_cell(rows, k) for k, _ in ACCOUNTING_COLUMNS]
 
 
 def loss_warning(rows: list[dict]) -> str | None:

@@ -43,26 +43,54 @@ def paired_change(values: np.ndarray, base: np.ndarray) -> tuple[float, float]:
     return float(pct.mean()), float(half)
 
 
+def paired_difference(values: np.ndarray, base: np.ndarray) -> tuple[float, float]:
+    """Mean of ``values - base`` over paired episodes and its 95% CI half-width (NaN with one
+    episode): for quantities already in percent, such as SLO attainment (points)."""
+    from scipy import stats
+
+    diff = np.asarray(values, np.float64) - np.asarray(base, np.float64)
+    if len(diff) < 2:
+        return float(diff.mean()), math.nan
+    half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / math.sqrt(len(diff))
+    return float(diff.mean()), float(half)
+
+
+def _ci(mean: float, half: float, unit: str) -> str:
+    return f"{mean:+.2f}{unit} ± {half:.2f}" if not math.isnan(half) else f"{mean:+.2f}{unit}"
+
+
 def summarize(rows: list[dict], baseline: str) -> str:
     """The markdown table: per policy, means over episodes, the requests completed / rejected /
-    unfinished per episode (the latency columns cover completed ones only) and the % change of
-    mean E2E."""
+    unfinished per episode (the latency columns cover completed ones only), SLO attainment and
+    goodput, the % change of mean E2E and, with deadlines, the change of SLO attainment in
+    percentage points, both paired per episode vs ``baseline``."""
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
     base = np.array([r["mean_e2e_s"] for r in by[baseline]]) if baseline in by else None
+    slo = all(r.get("slo_attainment_pct") is not None for r in rows)
+    base_slo = (np.array([r["slo_attainment_pct"] for r in by[baseline]], np.float64)
+                if slo and baseline in by else None)
     titles = [t for _, t in TABLE_COLUMNS + ACCOUNTING_COLUMNS]
     head = "| policy | " + " | ".join(titles) + f" | mean E2E vs {baseline} (95% CI) |"
-    lines = [head, "|" + "---|" * (len(titles) + 2)]
+    if slo:
+        head += f" SLO met vs {baseline} (points, 95% CI) |"
+    lines = [head, "|" + "---|" * (len(titles) + 2 + slo)]
     for p in policies:
         cells = [f"{np.mean([r[k] for r in by[p]]):.3f}" if k != "preemptions"
                  else f"{np.mean([r[k] for r in by[p]]):.1f}" for k, _ in TABLE_COLUMNS]
         if base is not None and len(by[p]) == len(base):
-            mean, half = paired_change(np.array([r["mean_e2e_s"] for r in by[p]]), base)
-            change = f"{mean:+.2f}% ± {half:.2f}" if not math.isnan(half) else f"{mean:+.2f}%"
+            change = _ci(*paired_change(np.array([r["mean_e2e_s"] for r in by[p]]), base), "%")
         else:
             change = "n/a"
         cells += accounting_cells(by[p])
-        lines.append(f"| {p} | " + " | ".join(cells) + f" | {change} |")
+        line = f"| {p} | " + " | ".join(cells) + f" | {change} |"
+        if slo:
+            if base_slo is not None and len(by[p]) == len(base_slo):
+                mine = np.array([r["slo_attainment_pct"] for r in by[p]], np.float64)
+                line += f" {_ci(*paired_difference(mine, base_slo), '')} |"
+            else:
+                line += " n/a |"
+        lines.append(line)
     return "\n".join(lines)
 
 

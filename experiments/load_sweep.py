@@ -66,7 +66,8 @@ def offered_load(rate_rps: float, capacity: float) -> float:
 
 def _sweep_table(results: list[tuple[float, float, dict]], baseline: str) -> str:
     """One row per load factor: baseline's latency, each policy's % change with CI, and the
-    requests completed / rejected / unfinished per episode (mean over every policy's episodes)."""
+    requests completed / rejected / unfinished per episode, SLO attainment and goodput (means
+    over every policy's episodes; results.csv has them per policy)."""
     from experiments.evaluate import paired_change
 
     policies = list(dict.fromkeys(r["policy"] for _, _, ev in results for r in ev["rows"]))

@@ -331,7 +331,7 @@ def test_registry_names_and_errors():
     assert ROUTERS == ("round_robin", "random", "jsq", "max_capacity", "min_min", "decode_balancer",
                        "dedicated_small_large", "least_requests", "power_of_two", "mixing_greedy",
                        "kv_queue_scorer", "late_binding", "lookahead", "prefix_affinity",
-                       "prefix_affinity_approx")
+                       "prefix_affinity_approx", "slo_aware")
     for name in ROUTERS:
         r = make_router(name)
         assert r.name == name and isinstance(r, Router)

@@ -19,6 +19,7 @@ from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics, prefix_cache_metrics
 from ..sim.request import RequestTable
+from ..sim.slo import request_deadlines
 from ..sim.speed import InstanceSpeeds
 from ..workload.batch import RequestBatch
 from .actions import coerce_action
@@ -61,10 +62,12 @@ class LLMClusterEnv(gym.Env):
 
     ## Rewards
     ``-sum over elapsed intervals of sum_j (1/T_j)(1 - f_jt) + r_w * completions + w_k * h``
-    (``llm_lb_gym/envs/reward.py``); components in ``info["reward_components"]``, the
+    (``llm_lb_gym/envs/reward.py``), plus ``reward.slo_reward`` per request finishing within
+    its SLO deadlines (``reward=slo``); components in ``info["reward_components"]``, the
     guidance weight in ``info["guidance_weight"]``. T_j is request j's ideal latency with its
     predicted decode length on the instance type that serves it fastest (in a homogeneous
-    cluster: the instance's), a per-request constant known at arrival (``sim/speed.py``).
+    cluster: the instance's), a per-request constant known at arrival (``sim/speed.py``); SLO
+    deadline multiples are of the same instance type's isolated times.
 
     ## Time
     A defer advances the clock one interval. After a routing action the next decision comes at
@@ -89,7 +92,8 @@ class LLMClusterEnv(gym.Env):
     ## Arguments
     See ``EnvConfig`` (``llm_lb_gym/envs/config.py``): ``num_instances``, ``num_requests``,
     ``arrival_rate_rps``, ``workload``, ``engine``, ``instances``, ``predictor``, ``reward``, ``obs``,
-    ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``; and
+    ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``,
+    ``slo`` (per-request TTFT/TBT deadlines, ``llm_lb_gym/sim/slo.py``); and
     Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
     (``__init__() got an unexpected keyword argument 'x'``, then the allowed names), which is
     also a ``ConfigError``.
@@ -123,6 +127,8 @@ class LLMClusterEnv(gym.Env):
         self.obs_cfg = obs_cfg
         self.workload = build_workload(cfg.workload, cfg.arrival_rate_rps)
         self.predictor = build_predictor(cfg.predictor)
+        if cfg.slo is not None and cfg.slo.per_task and hasattr(self.workload, "task_names"):
+            cfg.slo.check_tasks(tuple(self.workload.task_names))   # per-task deadlines: fail now
         act = cfg.action
         self.k = act.candidates
         self.obs_builder = ObservationBuilder(
@@ -140,6 +146,7 @@ class LLMClusterEnv(gym.Env):
         rc = cfg.reward
         self._semi_mdp = rc.discount == "semi_mdp"
         self._latency_penalty = rc.penalty == "latency"
+        self._slo_reward = rc.slo_reward != 0.0
         # Penalty per grid point: the paper's per interval; latency: requests x interval (s).
         self._pen_unit = rc.penalty_scale * (self._dt if self._latency_penalty else 1.0)
         # Discount of one decision interval (1 per-step: nothing inside a step is discounted).
@@ -206,12 +213,18 @@ class LLMClusterEnv(gym.Env):
         pred = self.predictor.predict(batch, rng)
         ob = self.obs_builder
         ideal = self.speeds.ideal_latency_s(batch.prompt_tokens, pred.tokens)
+        ttft_dl = tbt_dl = None
+        if self.cfg.slo is not None:
+            ttft_dl, tbt_dl = request_deadlines(self.cfg.slo, self.speeds.fastest_latency,
+                                                batch.prompt_tokens, batch.decode_tokens,
+                                                batch.task_id, batch.task_names)
         table = RequestTable(
             batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred.tokens, batch.task_id,
             prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
             decode_bucket=ob.decode_scheme.bucket(pred.tokens),
             inv_ideal_s=1.0 / ideal, prefix_hashes=batch.prefix_hashes,
-            hash_block_tokens=batch.hash_block_tokens)
+            hash_block_tokens=batch.hash_block_tokens, ttft_deadline_s=ttft_dl,
+            tbt_deadline_s=tbt_dl, count_slo=self._slo_reward)
         self.pred_bucket = pred.bucket
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
                                num_decode_buckets=ob.n_d, check=self.cfg.check_invariants,
@@ -227,12 +240,13 @@ class LLMClusterEnv(gym.Env):
             # Drawn after the workload and predictions, so the episode is the same as without.
             self._teacher.reset(np.random.default_rng(rng.integers(2**63)), self.m)
         self._finished_seen = 0
+        self._met_seen = 0
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
-        pen, comp, _ = self._advance_until_decision(0)
+        pen, comp, _, met = self._advance_until_decision(0)
         obs = self._observe()
         # No "metrics" key until an episode ends: vector envs stack each key's values across
         # envs and cannot mix None with the final step's dict.
-        return obs, self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0)
+        return obs, self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0, rc.slo_reward * met)
 
     def step(self, action):
         a = coerce_action(action, self.defer_action + 1)
@@ -285,24 +299,27 @@ class LLMClusterEnv(gym.Env):
         h = self._guidance(position, instance) if self._guided and c.queue else 0.0
         if position is not None:
             c.route(instance, position)
-        pen = comp = 0.0
+        pen = comp = met = 0.0
         if position is None or self.cfg.one_action_per_interval:
-            p, n = self._tick()          # the step's first interval: weight 1
+            p, n, nm = self._tick()      # the step's first interval: weight 1
             pen += p
             comp += n
-        p, n, _ = self._advance_until_decision(k_start)
+            met += nm
+        p, n, _, nm = self._advance_until_decision(k_start)
         pen += p
         comp += n
+        met += nm
         rc = self.cfg.reward
         penalty = -self._pen_unit * pen
         completion = rc.completion_reward * comp
         guidance = self._w * h
-        reward = penalty + completion + guidance
+        slo = rc.slo_reward * met
+        reward = penalty + completion + guidance + slo
         dt = (self._k - k_start) * self._dt
         discount = (self._g ** (self._k - k_start) if self._semi_mdp else rc.gamma) * self._lambda
         terminated = c.all_arrived and not c.queue and c.done
         obs = self._observe()
-        info = self._info(penalty, completion, guidance, dt, discount)
+        info = self._info(penalty, completion, guidance, dt, discount, slo)
         if terminated:
             self._episode_ended = True
             info["metrics"] = self.metrics()
@@ -356,27 +373,34 @@ class LLMClusterEnv(gym.Env):
         out += [r for r in rest if r not in skip][:k - len(out)]
         return tuple(out)
 
-    def _tick(self) -> tuple[float, int]:
-        """Advance one decision interval; return (in-system penalty at its end, completions)."""
+    def _tick(self) -> tuple[float, int, int]:
+        """Advance one decision interval; return (in-system penalty at its end, completions,
+        completions within their SLO deadlines: counted only for the slo reward)."""
         self._k += 1
         pen, fin = self.cluster.tick(self._k * self._dt)
         done = fin - self._finished_seen
         self._finished_seen = fin
-        return pen, done
+        met = 0
+        if self._slo_reward and done:
+            n = self.cluster.n_slo_met
+            met = n - self._met_seen
+            self._met_seen = n
+        return pen, done, met
 
-    def _advance_until_decision(self, k_start: int) -> tuple[float, float, int]:
+    def _advance_until_decision(self, k_start: int) -> tuple[float, float, int, float]:
         """Fast-forward while the router queue is empty; drain the cluster after the last arrival.
 
         Returns (penalty, completions), each summed over the grid points passed with the
         weight g**(j - k_start - 1) of point j (g = 1 per-step: plain sums; semi-MDP: the
-        discount of one interval, so the step's reward is its exact discounted sum), and the
-        plain completion count. Equivalent to one ``_tick`` per decision interval
-        (``_batched_grid=False`` does exactly that; a test holds the two equal), but each
+        discount of one interval, so the step's reward is its exact discounted sum), the
+        plain completion count, and the completions within their SLO deadlines weighted the
+        same way (only with the slo reward; 0 otherwise). Equivalent to one ``_tick`` per
+        decision interval (``_batched_grid=False`` does exactly that; a test holds the two equal), but each
         instance sums its own penalties over the skipped grid points in one call.
         """
         c = self.cluster
         g = self._g
-        pen = comp = 0.0
+        pen = comp = met = 0.0
         count = 0
         if not self._batched_grid:
             while not c.queue:
@@ -390,40 +414,48 @@ class LLMClusterEnv(gym.Env):
                         if k > self._k:
                             self._k = k
                             c.advance_to(k * self._dt)
-                p, n = self._tick()
+                p, n, nm = self._tick()
                 w = g ** (self._k - k_start - 1)
                 pen += w * p
                 comp += w * n
+                met += w * nm
                 count += n
-            return pen, comp, count
+            return pen, comp, count, met
         dt = self._dt
         while not c.queue:
             w0 = g ** (self._k - k_start)
             if c.all_arrived:
                 if not c.done:
-                    p, self._k, n, nw = c.run_grid(self._k, dt, None, w0, g)
+                    p, self._k, n, nw, mw = c.run_grid(self._k, dt, None, w0, g)
                     pen += p
                     comp += nw
+                    met += mw
                     count += n
                     self._finished_seen += n
                 break
             nxt = c.next_arrival_s
             k1 = grid_index_at_or_after(nxt, dt, self._k + 1)
-            p, self._k, n, nw = c.run_grid(self._k, dt, k1, w0, g)
+            p, self._k, n, nw, mw = c.run_grid(self._k, dt, k1, w0, g)
             pen += p
             comp += nw
+            met += mw
             count += n
             self._finished_seen += n
-        return pen, comp, count
+        if self._slo_reward:
+            self._met_seen = c.n_slo_met   # run_grid weighs them; _tick counts from here
+        else:
+            met = 0.0
+        return pen, comp, count, met
 
     def _info(self, penalty: float, completion: float, guidance: float, dt: float,
-              discount: float) -> dict:
+              discount: float, slo: float = 0.0) -> dict:
         c = self.cluster
         return {
             "time_s": c.t,
             "queue_len": len(c.queue),
             "action_mask": self.action_masks(),
-            "reward_components": {"penalty": penalty, "completion": completion, "guidance": guidance},
+            "reward_components": {"penalty": penalty, "completion": completion, "guidance": guidance,
+                                  "slo": slo},
             "guidance_weight": self._w,
             "dt_s": dt,
             "discount": discount,

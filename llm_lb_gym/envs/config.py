@@ -16,6 +16,7 @@ from ..limits import (MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS,
                       MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
 from ..policies.mixing import MixingParams
 from ..sim.config import EngineConfig, resolve_instances
+from ..sim.slo import SLOConfig
 
 GUIDANCE_MODES = ("baseline", "workload_aware", "workload_guided")
 DISCOUNTS = ("semi_mdp", "per_step")
@@ -82,6 +83,12 @@ class RewardConfig:
     mismatch_penalty: float = 1.0
     """h when the agent's choice differs from the teacher's in kind (it defers while the
     teacher routes or the reverse) or, for a router teacher, in request or instance."""
+    slo_reward: float = 0.0
+    """Reward per request that finishes within both its SLO deadlines (``env.slo``), given at
+    the decision point where it finishes and discounted like the completion reward. With the
+    in-system penalty and completion reward at 0 and no guidance, the undiscounted return is
+    ``slo_reward`` x the requests meeting their SLO (``reward=slo``). There is no miss penalty
+    at completion: discounted, it would pay a policy to finish a late request even later."""
     guidance_form: str = "weight"
     """``weight``: add w_k * h to the reward (the reading of the paper used so far).
     ``hurl``: HuRL's form (Cheng et al. 2021), workload_guided only: the same reshaped reward
@@ -114,6 +121,7 @@ class RewardConfig:
         object.__setattr__(self, "teacher_options", dict(self.teacher_options or {}))
         check_range("reward.mismatch_penalty", self.mismatch_penalty, 0.0)
         check_choice("reward.guidance_form", self.guidance_form, GUIDANCE_FORMS)
+        check_range("reward.slo_reward", self.slo_reward, 0.0)
         if self.guidance_form == "hurl" and self.mode != "workload_guided":
             raise ConfigError(f"reward.guidance_form=hurl needs reward.mode=workload_guided (its "
                               f"discount grows back as the guidance decays); got mode={self.mode!r}")
@@ -232,6 +240,11 @@ class EnvConfig:
     """Closed-form decode stretches in the simulator (False: one iteration at a time)."""
     check_invariants: bool = False
     """Recompute simulator aggregates after every iteration and assert (slow; for tests)."""
+    slo: Any = field(default_factory=SLOConfig)
+    """Per-request TTFT and TBT deadlines (``SLOConfig`` or its options as a dict; None: no
+    deadlines and no SLO metrics). Default: 5x the request's isolated prefill and decode step
+    (``llm_lb_gym/sim/slo.py``). They change nothing in the simulation; they add SLO
+    attainment and goodput to the metrics and enable ``reward.slo_reward``."""
 
     def __post_init__(self) -> None:
         check_int("num_requests", self.num_requests, 1, MAX_REQUESTS)
@@ -248,6 +261,11 @@ class EnvConfig:
         object.__setattr__(self, "reward", _build(RewardConfig, self.reward, "reward"))
         object.__setattr__(self, "obs", _build(ObsConfig, self.obs, "obs"))
         object.__setattr__(self, "action", _build(ActionConfig, self.action, "action"))
+        object.__setattr__(self, "slo", SLOConfig.build(self.slo))
+        if self.reward.slo_reward and self.slo is None:
+            raise ConfigError(f"reward.slo_reward={self.reward.slo_reward} needs deadlines; "
+                              "allowed: slo set (e.g. {ttft_multiple: 5, tbt_multiple: 5}) or "
+                              "reward.slo_reward=0")
 
 
 ENV_OPTIONS = tuple(f.name for f in fields(EnvConfig))

@@ -4,6 +4,7 @@
               sum_j (1 / T_j) (1 - f_jt)                       (requests in the system)
           + completion_reward * (requests completed in the step)
           + w_k * h_t                                           (heuristic guidance)
+          + slo_reward * (requests completed in the step within both SLO deadlines)
 
 T_j is request j's ideal latency (alone on an idle instance, with its *predicted* decode
 length); f_jt = generated / predicted decode tokens, clipped to 1. Summing the in-system term
@@ -12,7 +13,9 @@ decision time, and makes a fast-forward over idle intervals pay exactly what def
 them would. h_t = r_mix(chosen) - max_l r_mix(l) <= 0 for a routing action (0 for the instance
 the mixing estimator prefers, and for defer). w_k: 0 (baseline), guidance_scale
 (workload_aware), guidance_scale * exp(-decay * k) (workload_guided; k = training episodes so
-far, so the agent ends up optimising the true objective).
+far, so the agent ends up optimising the true objective). The SLO term (``reward=slo``) is
+discounted by its completion's grid point like the completion term, so with every other term
+at 0 and per-step discount 1 the return is slo_reward x the requests meeting their SLO.
 """
 
 from __future__ import annotations

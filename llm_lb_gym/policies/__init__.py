@@ -14,6 +14,7 @@ from .late_binding import LateBinding, LateBindingOptions
 from .max_capacity import MaxCapacity, MaxCapacityOptions
 from .min_min import MinMin, MinMinOptions
 from .mixing_greedy import MixingGreedy, MixingGreedyOptions
+from .slo_aware import SLOAware, SLOAwareOptions
 from .registry import ROUTER_CLASSES, ROUTERS, make_router, router_options
 from .token_load import DecodeBalancer, DedicatedOptions, DedicatedSmallLarge, JoinShortestQueue
 
@@ -23,5 +24,6 @@ __all__ = [
     "JoinShortestQueue", "DecodeBalancer", "DedicatedSmallLarge", "DedicatedOptions",
     "MaxCapacity", "MaxCapacityOptions", "MinMin", "MinMinOptions",
     "MixingGreedy", "MixingGreedyOptions", "KVQueueScorer", "KVQueueOptions",
+    "SLOAware", "SLOAwareOptions",
     "ROUTERS", "ROUTER_CLASSES", "make_router", "router_options", "decide", "run_router",
 ]

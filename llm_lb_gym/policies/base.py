@@ -9,8 +9,9 @@ policy of the env-free driver, and as a reference inside tests.
 What a router may read (see ``sim/cluster.py`` and ``sim/engine.py``): ``cluster.t``,
 ``cluster.queue``, ``cluster.last_route_s``, ``cluster.engines`` and their load aggregates, and from ``cluster.table``
 ``prompt``, ``pred``, ``decode_bucket``, ``prompt_bucket``, ``task_id``, ``arrival_s``, and the
-prompt's block hashes ``hashes`` / ``hash_block_tokens`` (a gateway computes them from the prompt).
-Never the true ``decode``: a router sees predictions only.
+prompt's block hashes ``hashes`` / ``hash_block_tokens`` (a gateway computes them from the prompt),
+SLO deadlines ``ttft_deadline_s``, ``tbt_deadline_s`` (``slo_on``). Never the true ``decode``: a
+router sees predictions only.
 
 Two calling conventions:
 

@@ -19,12 +19,13 @@ from .max_capacity import MaxCapacity
 from .min_min import MinMin
 from .mixing_greedy import MixingGreedy
 from .prefix_affinity import PrefixAffinity, PrefixAffinityApprox
+from .slo_aware import SLOAware
 from .token_load import DecodeBalancer, DedicatedSmallLarge, JoinShortestQueue
 
 _CLASSES: tuple[type[RouterBase], ...] = (
     RoundRobin, Random, JoinShortestQueue, MaxCapacity, MinMin, DecodeBalancer,
     DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer, LateBinding,
-    Lookahead, PrefixAffinity, PrefixAffinityApprox,
+    Lookahead, PrefixAffinity, PrefixAffinityApprox, SLOAware,
 )
 ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
 ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)

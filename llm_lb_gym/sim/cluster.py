@@ -155,26 +155,28 @@ class Cluster:
         return pen + self.queue_penalty, fin
 
     def run_grid(self, k0: int, dt: float, k1: int | None, w: float = 1.0,
-                 g: float = 1.0) -> tuple[float, int, int, float]:
+                 g: float = 1.0) -> tuple[float, int, int, float, float]:
         """Advance over the grid points (k0+1)dt .. k1 dt with an empty router queue and no
         arrival before k1 dt (``k1=None``: after the last arrival, until every instance is
         idle). Returns (sum over the points of the in-system penalty, the last point's index,
-        requests finished meanwhile, the same completions weighted by their point). Point j
+        requests finished meanwhile, the same completions weighted by their point, and the
+        weighted completions within their SLO deadlines). Point j
         weighs ``w * g**(j - k0 - 1)``: ``g`` is a learner's per-interval discount, and
         ``w = g = 1`` gives the plain sums. Same numbers as calling ``tick`` at each point,
         summed per instance instead of per point."""
         assert not self.queue
         fin = 0   # an instance finishes requests only inside its own grid_penalty call
-        fin_w = 0.0
+        fin_w = met_w = 0.0
         if k1 is None:
             assert self.all_arrived
             total, k_end = 0.0, k0
             for e in self.engines:
                 fin -= e.n_finished
-                e.fin_weight = 0.0
+                e.fin_weight = e.met_weight = 0.0
                 pen, k = e.grid_penalty_until_idle(k0, dt, w, g)
                 fin += e.n_finished
                 fin_w += e.fin_weight
+                met_w += e.met_weight
                 total += pen
                 k_end = max(k_end, k)
             T = k_end * dt
@@ -183,23 +185,33 @@ class Cluster:
             total = 0.0
             for e in self.engines:
                 fin -= e.n_finished
-                e.fin_weight = 0.0
+                e.fin_weight = e.met_weight = 0.0
                 total += e.grid_penalty(k0, dt, k1, w, g)
                 fin += e.n_finished
                 fin_w += e.fin_weight
+                met_w += e.met_weight
             T = k1 * dt
             self.advance_to(T)     # the last point takes the arrivals (instances are there already)
             total += (w * g ** (k1 - k0 - 1)) * self.queue_penalty   # exactly queue_penalty if w = g = 1
             k_end = k1
         if T > self.t:
             self.advance_to(T)   # idle instances only: nothing finishes here
-        return total, k_end, fin, fin_w
+        return total, k_end, fin, fin_w, met_w
 
     @property
     def n_finished(self) -> int:
         n = 0
         for e in self.engines:
             n += e.n_finished
+        return n
+
+    @property
+    def n_slo_met(self) -> int:
+        """Requests finished within both SLO deadlines so far (counted only with
+        ``table.count_slo``, which the env sets for its slo reward; 0 otherwise)."""
+        n = 0
+        for e in self.engines:
+            n += e.n_slo_met
         return n
 
     @property

@@ -8,7 +8,7 @@ cimport cython
 cdef class Engine:
     cdef public long index, bs, total_blocks, watermark, max_seqs, budget
     cdef public long G, used, _used_G, peak_used, B, S_at, G_S, admit_counter
-    cdef public long n_finished, n_preemptions, n_iterations, n_prefill_iterations
+    cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
     cdef public long _st_G0
     cdef public double c0, ct, cc, knee, ca, cps, cds, cdc, t, _g_fin_end, _g_ex, committed_tokens
@@ -17,10 +17,10 @@ cdef class Engine:
     cdef public bint pc
     cdef public dict kv_ref
     cdef public object evictable   # an OrderedDict: typed as dict, Cython would bypass its order
-    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight
+    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight, met_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
-    cdef public object table, scheduler, _sort_key
+    cdef public object table, scheduler, _sort_key, latency
     cdef public bint _skip_unfit
     cdef public dict running
     cdef public list dec_a
@@ -34,9 +34,9 @@ cdef class Engine:
     cpdef advance_to(self, double T)
     @cython.locals(total=double, j=long, t0=double, a=double, c=double, G0=long, t_last=double,
                    k=long, t=double, value=double, sat_next=double, p0=double, A1=double,
-                   A2=double, A3=double, T=double, G=long, run=double, nf=long)
+                   A2=double, A3=double, T=double, G=long, run=double, nf=long, nm=long)
     cpdef double grid_penalty(self, long k0, double dt, long k1, double w=*, double g=*)
-    @cython.locals(total=double, j=long, T=double, nf=long)
+    @cython.locals(total=double, j=long, T=double, nf=long, nm=long)
     cpdef tuple grid_penalty_until_idle(self, long k0, double dt, double w=*, double g=*)
     @cython.locals(G=long, run=double, value=double)
     cpdef double penalty(self)

@@ -50,6 +50,7 @@ class Engine:
         self.c0 = lat.base_s + lat.cpu_base_s
         self.ct, self.cc, self.knee = lat.token_s, lat.compute_token_s, lat.knee_tokens
         self.ca, self.cps = lat.prefill_attn_s, lat.cpu_seq_s
+        self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.cds, self.cdc = lat.decode_seq_s, lat.decode_ctx_s
         # Decode iteration of B sequences = dec_a[B] + cdc * S: the part fixed by B, per B.
         self.dec_a = [lat.decode_const_s(b) for b in range(cfg.max_num_seqs + 1)]
@@ -90,6 +91,8 @@ class Engine:
         self.n_iterations = 0
         self.n_prefill_iterations = 0
         self.fin_weight = 0.0       # completions weighted by grid_penalty's weights (env reward)
+        self.n_slo_met = 0          # finished within both SLO deadlines (if table.count_slo; sim/slo.py)
+        self.met_weight = 0.0       # those completions weighted like fin_weight (env's slo reward)
         self.count_mode = False     # penalty() counts requests instead (the env's latency reward)
         # Observation aggregates.
         self.prompt_counts = [0] * num_prompt_buckets   # requests in prompt phase per bucket
@@ -267,10 +270,11 @@ class Engine:
                     break
             T = j * dt
             if self.t < T:
-                nf = self.n_finished
+                nf, nm = self.n_finished, self.n_slo_met
                 self.advance_to(T)
                 if self.n_finished != nf:
                     self.fin_weight += w * (self.n_finished - nf)
+                    self.met_weight += w * (self.n_slo_met - nm)
             total += w * self.penalty()
             w *= g
             j += 1
@@ -286,10 +290,11 @@ class Engine:
             j += 1
             T = j * dt
             if self.t < T:
-                nf = self.n_finished
+                nf, nm = self.n_finished, self.n_slo_met
                 self.advance_to(T)
                 if self.n_finished != nf:
                     self.fin_weight += w * (self.n_finished - nf)
+                    self.met_weight += w * (self.n_slo_met - nm)
             total += w * self.penalty()
             w *= g
         return total, j
@@ -462,6 +467,8 @@ class Engine:
         tb.o_base[rid] = o
         self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
         self.n_finished += 1
+        if tb.count_slo and tb.meets_slo(rid):
+            self.n_slo_met += 1
         self._blocked = False
         if self.idle():   # nobody left: drop the float residue, so an idle penalty is exactly 0
             self.pen_static = 0.0

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from .request import RequestTable, Status
+from .slo import slo_metrics
 
 METRIC_KEYS = (
     "num_requests", "completed", "rejected", "mean_e2e_s", "p50_e2e_s", "p90_e2e_s", "p99_e2e_s",
@@ -18,6 +19,9 @@ METRIC_KEYS = (
     "p99_router_wait_s", "max_router_wait_s", "mean_queue_wait_s", "preemptions", "makespan_s",
     "throughput_rps",
 )
+SLO_METRIC_KEYS = ("slo_met", "slo_attainment_pct", "slo_ttft_attainment_pct",
+                   "slo_tbt_attainment_pct", "goodput_rps")
+"""Added to the summary when the episode's requests have deadlines (``sim/slo.py``)."""
 
 
 def request_latencies(table: RequestTable) -> dict[str, np.ndarray]:
@@ -79,7 +83,8 @@ def prefix_cache_metrics(engines) -> dict[str, float]:
 
 
 def episode_metrics(table: RequestTable) -> dict[str, float]:
-    """The episode summary: counts, latency means and percentiles, throughput."""
+    """The episode summary: counts, latency means and percentiles, throughput, and with
+    deadlines SLO attainment and goodput (``SLO_METRIC_KEYS``)."""
     lat = request_latencies(table)
     status = table.column("status")
     n_fin = int(np.sum(status == Status.FINISHED))
@@ -105,6 +110,8 @@ def episode_metrics(table: RequestTable) -> dict[str, float]:
         "makespan_s": makespan,
         "throughput_rps": n_fin / makespan if makespan > 0 else 0.0,
     }
+    if table.slo_on:
+        out.update(slo_metrics(table, makespan))
     reasons = [r for r in table.reject_reason if r is not None]
     for reason in sorted(set(reasons)):
         out[f"rejected_{reason}"] = reasons.count(reason)

@@ -54,7 +54,8 @@ class RequestTable:
 
     def __init__(self, arrival_s, prompt_tokens, decode_tokens, pred_decode_tokens,
                  task_id=None, prompt_bucket=None, decode_bucket=None, inv_ideal_s=None,
-                 prefix_hashes=None, hash_block_tokens=0):
+                 prefix_hashes=None, hash_block_tokens=0, ttft_deadline_s=None,
+                 tbt_deadline_s=None, count_slo=False):
         n = len(arrival_s)
         self.n = n
         # Prefix caching: per request a tuple of chained block hash ids (id i names the prompt's
@@ -73,6 +74,17 @@ class RequestTable:
         self.decode_bucket: list[int] = [0] * n if decode_bucket is None else [int(x) for x in decode_bucket]
         # 1 / (ideal completion time): weight of the reward's in-system penalty (env layer).
         self.inv_ideal: list[float] = [0.0] * n if inv_ideal_s is None else [float(x) for x in inv_ideal_s]
+        # Latency SLO deadlines (``sim/slo.py``), set before the episode starts; inf: none.
+        self.slo_on = ttft_deadline_s is not None or tbt_deadline_s is not None
+        # Engines count completions within both deadlines (``n_slo_met``) only when asked: the
+        # env's slo reward needs them as they happen; the metrics recompute them at the end.
+        self.count_slo = bool(count_slo) and self.slo_on
+        def deadlines(x) -> list[float]:
+            return [math.inf] * n if x is None else np.asarray(x, np.float64).tolist()
+
+        self.ttft_deadline_s: list[float] = deadlines(ttft_deadline_s)
+        self.tbt_deadline_s: list[float] = deadlines(tbt_deadline_s)
+        assert len(self.ttft_deadline_s) == n and len(self.tbt_deadline_s) == n, "one deadline per request"
         nan = math.nan
         self.status: list[int] = [Status.PENDING] * n
         self.instance: list[int] = [-1] * n
@@ -96,6 +108,15 @@ class RequestTable:
                        self.task_id[rid], Status(self.status[rid]), self.instance[rid],
                        self.routed_s[rid], self.first_scheduled_s[rid], self.first_token_s[rid],
                        self.finish_s[rid], self.preemptions[rid], self.reject_reason[rid])
+
+    def meets_slo(self, rid: int) -> bool:
+        """Whether finished request ``rid`` met both deadlines (definitions: ``sim/slo.py``;
+        ``slo.slo_met_masks`` is the same test element-wise)."""
+        first = self.first_token_s[rid]
+        if first - self.arrival_s[rid] > self.ttft_deadline_s[rid]:
+            return False
+        d = self.decode[rid]
+        return d <= 1 or (self.finish_s[rid] - first) / (d - 1) <= self.tbt_deadline_s[rid]
 
     def column(self, name: str) -> np.ndarray:
         """A field as a numpy array (for metrics)."""
