@@ -23,8 +23,8 @@ from llm_lb_gym.sim.slo import SLOConfig, isolated_decode_step_s, request_deadli
 from test_semi_mdp import SMALL, _env_return
 
 # Iteration = 1 + prompt/8 (prefill) or 1 + B/4 (decode): the hand-worked model of test_reference.
-SIMPLE = LatencyModel(base_s=1.0, prefill_token_s=0.125, prefill_attn_s=0.0,
-                      decode_seq_s=0.25, decode_ctx_s=0.0)
+SIMPLE = LatencyModel(base_s=1.0, token_s=0.125, prefill_attn_s=0.0,
+                      decode_seq_s=0.125, decode_ctx_s=0.0)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -237,8 +237,8 @@ def test_slo_aware_avoids_a_saturated_instance():
 def test_slo_aware_prefers_the_fast_idle_instance():
     # Two idle instances; instance 1's latency model is 4x faster: more headroom there.
     c = _cluster(2, [(8, 4)], [])
-    fast = LatencyModel(base_s=0.25, prefill_token_s=0.125 / 4, prefill_attn_s=0.0,
-                        decode_seq_s=0.25 / 4, decode_ctx_s=0.0)
+    fast = LatencyModel(base_s=0.25, token_s=0.125 / 4, prefill_attn_s=0.0,
+                        decode_seq_s=0.125 / 4, decode_ctx_s=0.0)
     c.engines[1].latency = fast
     assert _pick(c) == 1
     c.engines[0].latency, c.engines[1].latency = fast, SIMPLE

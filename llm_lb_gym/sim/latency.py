@@ -88,7 +88,9 @@ class LatencyModel:
         if prefill_seqs is None:
             prefill_seqs = 1 if prefill_tokens else 0
         n = prefill_tokens + decode_seqs
-        return (self.base_s + self.token_s * n + self.compute_token_s * max(0.0, n - self.knee_tokens)
+        over = n - self.knee_tokens   # tokens past the knee; arrays too (vectorised callers)
+        over = np.maximum(over, 0.0) if isinstance(over, np.ndarray) else max(0.0, over)
+        return (self.base_s + self.token_s * n + self.compute_token_s * over
                 + self.prefill_attn_s * prefill_attn_pairs
                 + self.decode_seq_s * decode_seqs + self.decode_ctx_s * decode_ctx_tokens
                 + self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs))
