@@ -189,3 +189,57 @@ def explain_grad2(v100: LatencyModel, log: Callable[[str], None] = print) -> Non
 
 def _fmt(m: LatencyModel) -> str:
     return ", ".join(f"{k}={v:.4g}" for k, v in vars(m).items())
+
+
+PAPER_RR_MEAN_E2E_S = 168.0
+"""The paper's round-robin mean E2E on 4 x V100 at 20 req/s, 2,000 requests (about; its figure)."""
+PAPER_REGIME_ENGINES = (
+    ("llama2-7b-v100 (32 GB)", {}),
+    ("llama2-7b-v100-16gb", {"preset": "llama2-7b-v100-16gb"}),
+    ("llama2-7b-v100-16gb, max_model_len 1,024", {"preset": "llama2-7b-v100-16gb", "max_model_len": 1024}),
+)
+"""Engines whose round robin the paper's regime check compares (the last is paper_v100_kv_limited's)."""
+
+
+def paper_regime(seeds=(1000, 1001, 1002), log: Callable[[str], None] = print) -> list[dict]:
+    """Round robin on 4 instances at the paper's 20 req/s, 2,000 task-mix requests, per engine:
+    KV blocks, capacity (``experiments.load_sweep.capacity_rps``), mean E2E of the finished
+    requests and the share rejected (requests longer than the KV cache or the context window)."""
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+    from llm_lb_gym.rollout import make_env_router, rollout_router
+    from llm_lb_gym.sim.request import Status
+
+    from .load_sweep import capacity_rps
+
+    log(f"Round robin, 4 instances, 20 req/s, 2,000 task-mix requests, seeds {list(seeds)} "
+        f"(paper: ~{PAPER_RR_MEAN_E2E_S:.0f} s):")
+    rows = []
+    for name, engine in PAPER_REGIME_ENGINES:
+        kw = {"num_instances": 4, "num_requests": 2000, "engine": engine}
+        env = gym.make("LLMCluster-v0", arrival_rate_rps=20.0, **kw)
+        e2e, rejected = [], []
+        for seed in seeds:
+            rollout_router(env, make_env_router("round_robin", env.unwrapped), seed)
+            tb = env.unwrapped.cluster.table
+            status = tb.column("status")
+            done = status == Status.FINISHED
+            e2e.append(float((tb.column("finish_s") - tb.column("arrival_s"))[done].mean()))
+            rejected.append(float((status == Status.REJECTED).mean()))
+        row = {"engine": name, "kv_blocks": env.unwrapped.cluster.engines[0].total_blocks,
+               "capacity_rps": capacity_rps(kw, seeds[0]), "mean_e2e_s": float(np.mean(e2e)),
+               "min_e2e_s": min(e2e), "max_e2e_s": max(e2e), "rejected": float(np.mean(rejected))}
+        rows.append(row)
+        log(f"  {name}: {row['kv_blocks']} KV blocks, capacity {row['capacity_rps']:.2f} req/s "
+            f"(load factor {20.0 / row['capacity_rps']:.2f}); round robin mean E2E "
+            f"{row['mean_e2e_s']:.1f} s ({row['min_e2e_s']:.1f}-{row['max_e2e_s']:.1f}), "
+            f"{100 * row['rejected']:.2f}% rejected")
+    return rows
+
+
+if __name__ == "__main__":   # python -m experiments.paper_v100
+    from llm_lb_gym.sim.latency import get_preset
+
+    report_figures(get_preset("llama2-7b-v100").latency)
+    paper_regime()
