@@ -99,9 +99,17 @@ class LLMClusterEnv(gym.Env):
     also a ``ConfigError``.
 
     ## Version History
-    - v0: initial version. Mixed clusters (``instances``) and the ``speed``/``kv_size`` features
-      were added as options; the default (homogeneous) dynamics, observation and reward are
-      unchanged bit for bit.
+    - v0 (package 0.1): initial version, 5-term latency model. Mixed clusters (``instances``)
+      and the ``speed``/``kv_size`` features were added as options without changing the default
+      dynamics, observation or reward.
+    - v0 (package 0.2): the iteration-time model gained a roofline knee, CPU-overhead terms and
+      causal prefill attention, and every preset was refitted (``docs/calibration.md``): the
+      default setting's dynamics changed, so results from package 0.1 are not comparable (the
+      tables in the README and docs/ were re-measured or say which version they come from). The
+      id stays ``-v0`` because the package is pre-1.0 and published results name the package
+      version. Prefix caching, SLO deadlines (metrics and ``reward.slo_reward``) and new
+      observation features are options; the SLO metrics are on by default and change nothing
+      in the simulation.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
