@@ -22,8 +22,8 @@ ACCOUNTING_COLUMNS = (("completed", "completed"), ("rejected", "rejected"),
                       ("prefix_saved_tokens", "prefill tokens saved"),
                       ("slo_attainment_pct", "SLO met (%)"), ("goodput_rps", "goodput (req/s)"))
 """(metrics key, column title); each cell is the mean per episode. The prefix-caching columns
-(``sim.metrics.prefix_cache_metrics``) are 0 where the engine caches nothing; the SLO columns
-read "n/a" where the episode had no deadlines."""
+(``sim.metrics.prefix_cache_metrics``) read "n/a" where no instance caches prefixes, the SLO
+columns where the episode had no deadlines."""
 _SLO_FORMATS = {"slo_attainment_pct": "{:.1f}", "goodput_rps": "{:.2f}"}
 LOSS_WARN_FRACTION = 0.01
 """Warn above this share of requests rejected or left unfinished."""
@@ -51,6 +51,8 @@ def _cell(rows: list[dict], key: str) -> str:
         if any(v is None or v != v for v in values):   # no deadlines (or a CSV's empty cell)
             return "n/a"
         return _SLO_FORMATS[key].format(np.mean([float(v) for v in values]))
+    if key.startswith("prefix_") and not any(float(r.get("prefix_caching", 1.0) or 0.0) for r in rows):
+        return "n/a"   # no instance caches prefixes: 0% would read as a measured miss rate
     x = float(np.mean([_count(r, key) for r in rows]))
     return f"{100 * x:.1f}%" if key == "prefix_hit_rate" else _fmt(x)
 

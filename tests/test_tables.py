@@ -124,3 +124,14 @@ def test_clean_evaluation_has_no_warning(tmp_path):
 ])
 def test_describe_workload(spec, want):
     assert describe_workload(build_workload(spec, 3.0)) == want
+
+
+def test_prefix_columns_read_na_without_caching_and_percent_with_it():
+    off = [{**_row("rr", s, 100, 0, 0), "prefix_caching": 0.0, "prefix_hit_rate": 0.0,
+            "prefix_saved_tokens": 0} for s in (0, 1)]
+    on = [{**_row("rr", s, 100, 0, 0), "prefix_caching": 1.0, "prefix_hit_rate": h,
+           "prefix_saved_tokens": 10} for s, h in ((0, 0.25), (1, 0.5))]
+    assert (lambda c: (c["prefix hit rate"], c["prefill tokens saved"]))(
+        _cells(summarize(off, "rr"), "rr")) == ("n/a", "n/a")
+    assert (lambda c: (c["prefix hit rate"], c["prefill tokens saved"]))(
+        _cells(summarize(on, "rr"), "rr")) == ("37.5%", "10")

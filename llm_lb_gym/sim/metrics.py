@@ -67,7 +67,8 @@ def prefix_cache_metrics(engines) -> dict[str, float]:
     ``prefix_recompute_hit_rate``: the same over readmissions after preemption (prompt +
     generated tokens recomputed), counted apart so preemption cannot inflate the first.
     ``prefix_saved_tokens``: prefill tokens not computed thanks to the cache, both kinds.
-    ``prefix_evictions``: cached hash blocks evicted to make room."""
+    ``prefix_evictions``: cached hash blocks evicted to make room. ``prefix_caching``: 1 if any
+    instance caches (tables print "n/a" in the prefix columns otherwise)."""
     out: dict[str, float] = {}
     tot = [0, 0, 0, 0, 0]
     for e in engines:
@@ -79,6 +80,7 @@ def prefix_cache_metrics(engines) -> dict[str, float]:
     out["prefix_saved_tokens"] = tot[1] + tot[3]
     out["prefix_recompute_hit_rate"] = tot[3] / tot[2] if tot[2] else 0.0
     out["prefix_evictions"] = tot[4]
+    out["prefix_caching"] = float(any(e.pc for e in engines))   # 0: the columns above mean nothing
     return out
 
 
