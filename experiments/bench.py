@@ -14,8 +14,8 @@ tokens) on 4 instances with ``engine.enable_prefix_caching``, routed round robin
 Simulator: conversation lengths of the Azure LLM 2023 conversation trace (a synthetic lognormal
 with its means, 1,155 prompt / 211 output tokens, when ../shared/data is absent; contexts
 clipped to 4,096) with Poisson arrivals at 5 req/s, near what 4 x Llama-2-7B on V100 sustain
-(at 5 req/s throughput keeps up with a ~10 s mean queue wait and some preemptions; at 5.5 req/s
-the queue wait is ~50 s), routed round robin on arrival. Memory: tracemalloc peak of a run
+(package 0.2: throughput keeps up with a ~23 s mean queue wait and ~650 preemptions), routed
+round robin on arrival. Memory: tracemalloc peak of a run
 per request, at two sizes, to show it is flat in the number of requests.
 Env: whole episodes (reset included) of the default ``LLMCluster-v0`` with round-robin and
 uniformly random actions (``gym.make`` wrappers included). Steps per second are reported per
