@@ -23,6 +23,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.sim.gpus import GPUS
 from llm_lb_gym.sim.latency import causal_pairs
 
 NUM_LAYERS = 32
@@ -47,11 +48,18 @@ class GPUThroughput:
     """Dense FP16 tensor-core peak (no sparsity)."""
 
 
+def _throughput(gpu: str) -> GPUThroughput:
+    """The library's datasheet (``llm_lb_gym.sim.gpus``, where the figures are set and cited) in
+    the units this script prints."""
+    g = GPUS[gpu]
+    return GPUThroughput(g.name, g.memory_bandwidth_bytes_s / 1e9, g.fp16_flops / 1e12)
+
+
 DATASHEETS: dict[str, GPUThroughput] = {
     # Vidur's a100 device is the 80 GB part (as GPUS["a100"] in latency.py assumes).
-    "a100": GPUThroughput("A100 80GB SXM4", 2039.0, 312.0),
-    "h100": GPUThroughput("H100 80GB SXM5", 3352.0, 989.4),
-    "v100": GPUThroughput("V100 32GB SXM2", 900.0, 125.0),
+    "a100": _throughput("a100-80gb"),
+    "h100": _throughput("h100-80gb"),
+    "v100": _throughput("v100-32gb"),
 }
 
 
