@@ -16,7 +16,8 @@ from typing import Sequence
 
 PROG = "llm-lb-gym"
 COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "calibrate",
-            "train_predictor", "eval_predictor", "bench_lookahead", "bench_predictor_latency")
+            "calibrate_hardware", "paper_v100", "tune_late_binding", "train_predictor",
+            "eval_predictor", "bench_lookahead", "bench_predictor_latency")
 """Modules of ``experiments`` with a ``main()`` that reads ``sys.argv``."""
 
 

@@ -238,8 +238,17 @@ def paper_regime(seeds=(1000, 1001, 1002), log: Callable[[str], None] = print) -
     return rows
 
 
-if __name__ == "__main__":   # python -m experiments.paper_v100
+def main(argv=None) -> None:
+    """python -m experiments.paper_v100: the shipped V100 preset's three figures and round robin
+    in the paper's load regime on the 32 GB, 16 GB and 16 GB / 1,024-window engines."""
+    import argparse
+
     from llm_lb_gym.sim.latency import get_preset
 
+    argparse.ArgumentParser(description=main.__doc__.splitlines()[0]).parse_args(argv)
     report_figures(get_preset("llama2-7b-v100").latency)
     paper_regime()
+
+
+if __name__ == "__main__":
+    main()
