@@ -186,7 +186,7 @@ def test_caching_off_ignores_hashes_bit_for_bit():
 def test_golden_scenarios_unchanged_with_hashes_attached(monkeypatch):
     """Replay the golden scenarios with every table carrying prefix hashes (caching off):
     the hand-worked timestamps still hold."""
-    import tests.test_engine_golden as golden
+    import test_engine_golden as golden
 
     orig = RequestTable.__init__
 

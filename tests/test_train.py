@@ -169,8 +169,8 @@ def test_evaluate_uses_the_settings_tuned_router_options():
 
     default = policy_options(_compose("evaluate", []))["late_binding"]
     near = policy_options(_compose("evaluate", ["experiment=v100_near_capacity"]))["late_binding"]
-    assert default["period_s"] == 0.2 and default["reserve"] == "prompt"
-    assert near["period_s"] == 1.0 and near["reserve"] == "full"
+    assert default["period_s"] == 0.1 and default["reserve"] == "prompt"
+    assert near["period_s"] == 0.1 and near["reserve"] == "full"
     given = policy_options(_compose("evaluate", ["experiment=v100_near_capacity",
                                                  "policy_options={late_binding: {period_s: 0.5}}"]))
     assert given["late_binding"] == {"period_s": 0.5}
