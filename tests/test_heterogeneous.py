@@ -18,14 +18,14 @@ from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs.observation import MIXED_CLUSTER_FEATURES
 from llm_lb_gym.policies import ROUTERS, make_router, run_router
 from llm_lb_gym.policies.drive import build_table, decide
-from llm_lb_gym.predictor.buckets import BucketScheme
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.latency import get_preset, ideal_latency_s
 from llm_lb_gym.sim.request import Status
-from llm_lb_gym.sim.simulate import poisson_batch
 from llm_lb_gym.sim.speed import REFERENCE_DECODE_TOKENS, REFERENCE_PROMPT_TOKENS, InstanceSpeeds
 from llm_lb_gym.workload.batch import RequestBatch
+
+from test_policies import stress_episode
 
 A100, V100 = "llama2-7b-a100", "llama2-7b-v100"
 MIXED = [{"preset": A100, "count": 2}, {"preset": V100, "count": 2}]
@@ -176,13 +176,7 @@ def test_jsq_weighs_backlog_by_instance_speed():
 def test_every_router_finishes_a_mixed_episode(name):
     """Tight, unequal KV caches and block sizes: preemptions, rejections of requests that do not
     fit the smallest instance, invariants checked at every state change."""
-    rng = np.random.default_rng(5)
-    b = poisson_batch(rng, 80, 15.0, 90, 250, max_tokens=1600)
-    pred = b.decode_tokens * rng.uniform(0.5, 2.0, len(b))
-    scheme = BucketScheme.completion_time()
-    opts = {"decode_edges_tokens": scheme.edges_tokens} if name == "min_min" else {}
-    if name == "lookahead":
-        opts = {"see_future": True, "horizon_s": 1.0, "decision_interval_s": 0.05}
+    b, pred, scheme, opts = stress_episode(name, 5)
     ccfg = ClusterConfig(instances=[{"preset": A100, "num_kv_blocks": 200, "count": 2},
                                     {"preset": V100, "num_kv_blocks": 64, "block_size": 8}])
     dt = 0.05 if make_router(name).defers else 0.0

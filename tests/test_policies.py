@@ -302,17 +302,25 @@ def test_routers_read_predictions_not_true_lengths(name):
     assert choice is None or 0 <= choice[1] < 3
 
 
-@pytest.mark.parametrize("name", ROUTERS)
-def test_every_router_finishes_an_episode(name):
-    # Tight KV (64 blocks of 16 = 1,024 tokens) forces preemptions and rejects requests longer
-    # than that; noisy predictions; invariants checked at every state change.
-    rng = np.random.default_rng(11)
+def stress_episode(name: str, seed: int):
+    """80 requests at 15 req/s (up to 1,600 tokens), noisy predictions (x0.5-2), the
+    completion-time buckets, and the options a router needs to run on them: the workload the
+    every-router tests (here and in test_heterogeneous) drive each router through."""
+    rng = np.random.default_rng(seed)
     b = poisson_batch(rng, 80, 15.0, 90, 250, max_tokens=1600)
     pred = b.decode_tokens * rng.uniform(0.5, 2.0, len(b))
     scheme = BucketScheme.completion_time()
     opts = {"decode_edges_tokens": scheme.edges_tokens} if name == "min_min" else {}
     if name == "lookahead":
         opts = {"see_future": True, "horizon_s": 1.0, "decision_interval_s": 0.05}
+    return b, pred, scheme, opts
+
+
+@pytest.mark.parametrize("name", ROUTERS)
+def test_every_router_finishes_an_episode(name):
+    # Tight KV (64 blocks of 16 = 1,024 tokens) forces preemptions and rejects requests longer
+    # than that; noisy predictions; invariants checked at every state change.
+    b, pred, scheme, opts = stress_episode(name, 11)
     ccfg = ClusterConfig(3, EngineConfig(num_kv_blocks=64))
     intervals = [0.05] if make_router(name).defers else [0.0, 0.05]
     for dt in intervals:
