@@ -129,7 +129,7 @@ def round_sig(x: float, digits: int = 4) -> float:
 
 
 def rounded(model: LatencyModel, digits: int = 4) -> LatencyModel:
-    return LatencyModel(**{k: round_sig(v, digits) for k, v in vars(model).items()})
+    return LatencyModel(**{k: v if isinstance(v, int) else round_sig(v, digits) for k, v in vars(model).items()})
 
 
 def fmt(m: LatencyModel) -> str:

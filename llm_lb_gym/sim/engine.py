@@ -9,8 +9,9 @@ decode-iteration counter ``G`` and stores, per running request, its generated to
 at counter ``g_base``; ``o(G) = o_base + G - g_base`` needs no per-iteration update. Aggregates
 make a stretch of k identical decode iterations O(1):
 - context sum ``S(G) = S_at + B (G - G_S)``, so k iterations last ``k a + c k (k-1) / 2`` with
-  ``a = dec_a[B] + decode_ctx_s S(G)`` (``dec_a``: the decode iteration's terms that depend on
-  B only, tabulated at init) and ``c = decode_ctx_s B``;
+  ``a = dec_a[B] + dec_c[B] S(G)`` (``dec_a``: the decode iteration's terms that depend on
+  B only, ``dec_c``: the per-context-token cost at batch size B, both tabulated at init) and
+  ``c = dec_c[B] B``;
 - a sequence needs a new block every ``block_size`` iterations at a fixed phase, so per-phase
   counts give the block demand of any stretch and the first iteration that runs out;
 - completions come from a heap keyed by the iteration in which each request ends;
@@ -49,11 +50,13 @@ class Engine:
         # Iteration-time coefficients (latency.py); the CPU terms are zero when cpu_overhead is off.
         self.c0 = lat.base_s + lat.cpu_base_s
         self.ct, self.cc, self.knee = lat.token_s, lat.compute_token_s, lat.knee_tokens
+        self.tile = lat.tile_tokens
         self.ca, self.cps = lat.prefill_attn_s, lat.cpu_seq_s
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
-        self.cds, self.cdc = lat.decode_seq_s, lat.decode_ctx_s
-        # Decode iteration of B sequences = dec_a[B] + cdc * S: the part fixed by B, per B.
+        self.cds = lat.decode_seq_s
+        # Decode iteration of B sequences = dec_a[B] + dec_c[B] * S: the parts fixed by B, per B.
         self.dec_a = [lat.decode_const_s(b) for b in range(cfg.max_num_seqs + 1)]
+        self.dec_c = [lat.decode_ctx_at(b) for b in range(cfg.max_num_seqs + 1)]
         self.bs = cfg.block_size
         self.total_blocks = cfg.total_blocks
         self.watermark = cfg.watermark_blocks
@@ -329,7 +332,7 @@ class Engine:
         """Duration of a decode iteration of the current running batch."""
         if not self.B:
             return 0.0
-        return self.dec_a[self.B] + self.cdc * (self.S_at + self.B * (self.G - self.G_S))
+        return self.dec_a[self.B] + self.dec_c[self.B] * (self.S_at + self.B * (self.G - self.G_S))
 
     def earliest_completion_s(self) -> float:
         """Predicted time until the first running request completes (0 when none runs)."""
@@ -748,7 +751,7 @@ class Engine:
     def _batch_s(self, n: int, pairs: int, nseq: int) -> float:
         """Iteration time of a prefill or mixed batch without its decode-attention terms:
         ``n`` batched tokens, ``pairs`` causal prefill pairs, ``nseq`` sequences (latency.py)."""
-        over = n - self.knee
+        over = (n if self.tile == 1 else -(-n // self.tile) * self.tile) - self.knee
         return (self.c0 + self.ct * n + (self.cc * over if over > 0.0 else 0.0)
                 + self.ca * pairs + self.cps * nseq)
 
@@ -831,7 +834,7 @@ class Engine:
         B = self.B
         dur = self._batch_s(toks + B, pairs, nchunks + B)
         if B:
-            dur += self.cds * B + self.cdc * (self.S_at + B * (self.G - self.G_S))
+            dur += self.cds * B + self.dec_c[B] * (self.S_at + B * (self.G - self.G_S))
         self.t = s + dur
         self.n_iterations += 1
         self._plan_dirty = True
@@ -887,8 +890,9 @@ class Engine:
             stop = min(stop, G + 1)
         self._st_G0 = G
         self._st_t0 = t0 = self.t
-        self._st_a = a = self.dec_a[B] + self.cdc * (self.S_at + B * (G - self.G_S))
-        self._st_c = c = self.cdc * B
+        cdc = self.dec_c[B]
+        self._st_a = a = self.dec_a[B] + cdc * (self.S_at + B * (G - self.G_S))
+        self._st_c = c = cdc * B
         n = stop - G
         self._st_n = n
         # Start time of the stretch's last iteration: T beyond it lets the whole stretch run.
@@ -905,7 +909,7 @@ class Engine:
             self._grow_blocks()
             if self.B:
                 G = self.G
-                self.t += self.dec_a[self.B] + self.cdc * (self.S_at + self.B * (G - self.G_S))
+                self.t += self.dec_a[self.B] + self.dec_c[self.B] * (self.S_at + self.B * (G - self.G_S))
                 self.G = G + 1
                 self._used_G = self.G
                 self.n_iterations += 1

@@ -4,10 +4,14 @@ An iteration (one forward pass of the batch) costs, in seconds,
 
     t = base_s                                     # weight-read floor of the linear layers, launches
       + token_s * N                                # per batched token, below and above the knee
-      + compute_token_s * max(0, N - knee_tokens)  # compute-bound linear layers past the roofline knee
+      + compute_token_s * max(0, ceil(N / tile_tokens) * tile_tokens - knee_tokens)
+                                                   # compute-bound linear layers past the roofline knee
       + prefill_attn_s * pairs                     # prefill attention per causal (query, key) pair
-      + decode_seq_s * B + decode_ctx_s * S        # decode attention: per sequence, per context token
+      + decode_seq_s * B + decode_ctx_s(B) * S     # decode attention: per sequence, per context token
       + cpu_base_s + cpu_seq_s * n_seqs            # CPU overhead (left out with engine.cpu_overhead=False)
+
+where decode_ctx_s(B) = decode_ctx_s + decode_ctx_small_s if 0 < B <= small_batch_seqs, else
+decode_ctx_s.
 
 with N = tokens batched (prompt or chunk tokens computed + decode sequences), B = decode
 sequences, S = the sum of their context lengths, n_seqs = sequences in the batch (prompts or
@@ -17,12 +21,18 @@ cached tokens attends to q + (c + 1) / 2 keys on average, c q + c (c + 1) / 2 pa
 
 Why this shape: the linear layers read all weights once per iteration whatever the batch (the
 flat floor ``base_s`` up to a few hundred tokens, the profiles' roofline knee), then become
-compute bound (``compute_token_s`` per token past ``knee_tokens``); prefill attention is
-quadratic in the prompt; decode attention reads each sequence's KV cache (``decode_ctx_s`` per
-context token) with a per-sequence cost; the CPU side (scheduling, sampling, input preparation,
-output processing) costs a constant plus a per-sequence amount. Between events a decode batch is
-fixed, so everything but ``decode_ctx_s * S`` is a constant of the batch size B and S grows by B
-per iteration: the engine advances such stretches in closed form (``engine.py``).
+compute bound (``compute_token_s`` per token past ``knee_tokens``), on whole GEMM tiles of
+``tile_tokens`` rows (a 224-token prefill runs the tiles of 256: the profiles' linear layers are a
+staircase in N); prefill attention is quadratic in the prompt; decode attention reads each
+sequence's KV cache (``decode_ctx_s`` per context token) with a per-sequence cost, and small
+batches read it less efficiently (``decode_ctx_small_s`` more per token up to
+``small_batch_seqs`` sequences: with fewer than about 512 sequence-heads the decode kernel splits
+each sequence's KV across thread blocks and reduces the parts, as vLLM's paged-attention v2 does;
+the A100 profiles show 1.1e-5 ms per context token and layer at batch 1-8, 8.8e-6 at 32-64); the
+CPU side (scheduling, sampling, input preparation, output processing) costs a constant plus a
+per-sequence amount. Between events a decode batch is fixed, so everything but
+``decode_ctx_s(B) * S`` is a constant of the batch size B and S grows by B per iteration: the
+engine advances such stretches in closed form (``engine.py``, which tabulates both per B).
 
 Presets: coefficients per (model, GPU). Their source and fit error are printed by
 ``python -m experiments.calibrate`` and kept in ``docs/calibration.md``.
@@ -34,7 +44,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .._validate import ConfigError, check_range, lookup
+from .._validate import ConfigError, check_int, check_range, lookup
 
 
 def causal_pairs(chunk_tokens: int, cached_tokens: int = 0) -> int:
@@ -58,12 +68,18 @@ class LatencyModel:
     """Per batched token beyond ``knee_tokens``: the compute-bound linear layers."""
     knee_tokens: float = 0.0
     """Batched tokens up to which the linear layers stay at their weight-read floor."""
+    tile_tokens: int = 1
+    """GEMM tile rows: the compute-bound term counts N rounded up to a multiple (1: no rounding)."""
     prefill_attn_s: float = 0.0
     """Per causal (query, key) pair of prefill attention (:func:`causal_pairs`)."""
     decode_seq_s: float = 0.0
     """Per decode sequence in the batch (attention launch and per-sequence work)."""
     decode_ctx_s: float = 0.0
     """Per context token of the decode sequences (KV-cache reads)."""
+    decode_ctx_small_s: float = 0.0
+    """Extra per context token when a batch has 1 to ``small_batch_seqs`` decode sequences."""
+    small_batch_seqs: int = 0
+    """Largest decode batch that pays ``decode_ctx_small_s`` (the split-KV kernel's range)."""
     cpu_base_s: float = 0.0
     """CPU overhead per iteration (scheduler, sampler, input preparation, output processing)."""
     cpu_seq_s: float = 0.0
@@ -75,6 +91,9 @@ class LatencyModel:
         for name in ("token_s", "compute_token_s", "knee_tokens", "prefill_attn_s", "decode_seq_s",
                      "decode_ctx_s", "cpu_base_s", "cpu_seq_s"):
             check_range(f"latency.{name}", getattr(self, name), 0.0)
+        check_int("latency.tile_tokens", self.tile_tokens, 1)
+        check_int("latency.small_batch_seqs", self.small_batch_seqs, 0)
+        check_range("latency.decode_ctx_small_s", self.decode_ctx_small_s, 0.0)
 
     def without_cpu(self) -> "LatencyModel":
         """The same GPU terms with the CPU overhead left out (``engine.cpu_overhead=False``)."""
@@ -88,19 +107,38 @@ class LatencyModel:
         if prefill_seqs is None:
             prefill_seqs = 1 if prefill_tokens else 0
         n = prefill_tokens + decode_seqs
-        over = n - self.knee_tokens   # tokens past the knee; arrays too (vectorised callers)
+        over = self.tiled(n) - self.knee_tokens   # tokens past the knee; arrays too (vectorised callers)
         over = np.maximum(over, 0.0) if isinstance(over, np.ndarray) else max(0.0, over)
         return (self.base_s + self.token_s * n + self.compute_token_s * over
                 + self.prefill_attn_s * prefill_attn_pairs
-                + self.decode_seq_s * decode_seqs + self.decode_ctx_s * decode_ctx_tokens
+                + self.decode_seq_s * decode_seqs + self.decode_ctx_at(decode_seqs) * decode_ctx_tokens
                 + self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs))
 
+    def tiled(self, tokens):
+        """Batched tokens as the GEMMs run them: rounded up to whole tiles of ``tile_tokens``.
+        Scalars or arrays; with no tiling (1) the input itself, so untiled presets compute
+        exactly what they did before the field existed."""
+        t = self.tile_tokens
+        if t == 1:
+            return tokens
+        return np.ceil(np.asarray(tokens, np.float64) / t) * t if isinstance(tokens, np.ndarray) \
+            else -(-tokens // t) * t
+
+    def decode_ctx_at(self, decode_seqs):
+        """Per-context-token decode cost with ``decode_seqs`` sequences in the batch (arrays too)."""
+        if isinstance(decode_seqs, np.ndarray):
+            small = (decode_seqs > 0) & (decode_seqs <= self.small_batch_seqs)
+            return self.decode_ctx_s + np.where(small, self.decode_ctx_small_s, 0.0)
+        if 0 < decode_seqs <= self.small_batch_seqs:
+            return self.decode_ctx_s + self.decode_ctx_small_s
+        return self.decode_ctx_s
+
     def decode_const_s(self, decode_seqs: int) -> float:
-        """Everything of a decode-only iteration of B sequences but ``decode_ctx_s * S``: the
+        """Everything of a decode-only iteration of B sequences but ``decode_ctx_at(B) * S``: the
         part that stays constant through a decode stretch (the engine tabulates it per B)."""
         b = decode_seqs
         return (self.base_s + self.cpu_base_s + (self.token_s + self.decode_seq_s + self.cpu_seq_s) * b
-                + self.compute_token_s * max(0.0, b - self.knee_tokens))
+                + self.compute_token_s * max(0.0, self.tiled(b) - self.knee_tokens))
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """A prefill-only iteration of one whole prompt."""
@@ -114,7 +152,7 @@ class LatencyModel:
         """
         k = max(int(decode_tokens) - 1, 0)
         ctx_sum = k * (prompt_tokens + 1) + k * (k - 1) // 2
-        return self.prefill_s(prompt_tokens) + k * self.decode_const_s(1) + self.decode_ctx_s * ctx_sum
+        return self.prefill_s(prompt_tokens) + k * self.decode_const_s(1) + self.decode_ctx_at(1) * ctx_sum
 
 
 @dataclass(frozen=True)
@@ -256,7 +294,7 @@ def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decod
     k = np.maximum(np.asarray(pred_decode_tokens, np.float64) - 1.0, 0.0)
     lat = latency
     prefill = (lat.base_s + lat.cpu_base_s + lat.cpu_seq_s + lat.token_s * p
-               + lat.compute_token_s * np.maximum(p - lat.knee_tokens, 0.0)
+               + lat.compute_token_s * np.maximum(lat.tiled(p) - lat.knee_tokens, 0.0)
                + lat.prefill_attn_s * p * (p + 1.0) / 2.0)
-    decode = k * lat.decode_const_s(1) + lat.decode_ctx_s * (k * (p + 1) + k * (k - 1) / 2)
+    decode = k * lat.decode_const_s(1) + lat.decode_ctx_at(1) * (k * (p + 1) + k * (k - 1) / 2)
     return prefill + decode
