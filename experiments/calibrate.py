@@ -10,7 +10,7 @@ overhead and embedding (the GPU terms against Vidur's GPU sum) and with them (th
 against GPU + embedding + CPU). The V100 preset has no profile: ``paper_v100.py`` fits it to the
 paper's three figures (grad1, 17 s, 31 s).
 
-Run: ``python -m experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W]``.
+Run: ``python -m experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W] [--bound]``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from llm_lb_gym._validate import check_choice
 from llm_lb_gym.sim.latency import LatencyModel
 
 from . import paper_v100
-from .vidur_profiles import (CPU_OVERHEAD_COLUMNS, CPU_OVERHEAD_MODEL, CalibrationPoint, CpuOverheads,
+from .vidur_profiles import (CPU_OVERHEAD_COLUMNS, CPU_OVERHEAD_MODEL, DATASHEETS, SMALL_BATCH_SEQS, CalibrationPoint,
+                             CpuOverheads, dense_prefill_points,
                              attention_transfer, decode_attention_fit, load_attention_medians,
                              load_cpu_overheads, profile_path, profile_step_times)
 
@@ -43,18 +44,38 @@ FITTED_PRESETS = tuple(PRESET_PROFILES)
 DERIVED_PRESETS = ("llama2-7b-v100",)
 KNEE_GRID = tuple(range(0, 1025))
 """Candidate knees (batched tokens): the profiles' linear layers turn compute bound at ~100-400."""
+RIDGE_FACTOR = 2
+"""A preset's knee is searched from 0 to this x its GPU's datasheet ridge point (FP16 FLOPs per
+byte of bandwidth = the tokens at which reading fp16 weights and multiplying them take equally
+long: A100 153, H100 295). Why: left free, the H100 fit put its knee at the grid's end (1,024)
+to follow the staircase of its 22 prefill points, and between them it was off by up to 25%."""
+
+
+def knee_grid(gpu: str) -> tuple[int, ...]:
+    """Candidate knees of a preset on ``gpu`` (:data:`RIDGE_FACTOR`)."""
+    sheet = DATASHEETS[gpu]
+    ridge = sheet.fp16_tensor_tflops * 1e12 / (sheet.memory_bandwidth_gb_s * 1e9)
+    return tuple(range(0, int(RIDGE_FACTOR * ridge) + 1))
+TILE_GRID = (1, 16, 32, 64, 128, 256)
+"""Candidate GEMM tile rows (``LatencyModel.tile_tokens``): the M-tile sizes cuBLAS kernels use."""
 PHASES = ("decode", "prefill")
-GPU_TERMS = ("base_s", "token_s", "compute_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s")
+GPU_TERMS = ("base_s", "token_s", "compute_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s",
+             "decode_ctx_small_s")
 """The linear GPU coefficients, in the order of :func:`gpu_features`' columns."""
 
 
-def gpu_features(points: Sequence[CalibrationPoint], knee: float) -> np.ndarray:
-    """Multipliers of the GPU terms (:data:`GPU_TERMS`) at a given knee, one row per point."""
-    n = np.array([p.batched_tokens for p in points], dtype=float)
+def gpu_features(points: Sequence[CalibrationPoint], knee: float, tile: int = 1,
+                 small_batch_seqs: int = 0) -> np.ndarray:
+    """Multipliers of the GPU terms (:data:`GPU_TERMS`) at a given knee, tile and small-batch
+    range, one row per point (the formula of ``LatencyModel.iteration_s``)."""
+    lat = LatencyModel(base_s=1.0, tile_tokens=tile, small_batch_seqs=small_batch_seqs)
+    n = np.array([p.batched_tokens for p in points])
+    b = np.array([p.decode_seqs for p in points])
+    ctx = np.array([p.decode_ctx_tokens for p in points], dtype=float)
+    small = (b > 0) & (b <= small_batch_seqs)
     return np.column_stack([
-        np.ones(len(points)), n, np.maximum(n - knee, 0.0),
-        [p.prefill_attn_pairs for p in points], [p.decode_seqs for p in points],
-        [p.decode_ctx_tokens for p in points]]).astype(float)
+        np.ones(len(points)), n, np.maximum(lat.tiled(n) - knee, 0.0),
+        [p.prefill_attn_pairs for p in points], b, ctx, ctx * small]).astype(float)
 
 
 def _weights(points: Sequence[CalibrationPoint], y: np.ndarray, weighting: str) -> np.ndarray:
@@ -69,25 +90,56 @@ def _weights(points: Sequence[CalibrationPoint], y: np.ndarray, weighting: str) 
 
 
 def fit_gpu_terms(points: Sequence[CalibrationPoint], weighting: str = "relative",
-                  knee_grid: Sequence[float] = KNEE_GRID) -> LatencyModel:
+                  knee_grid: Sequence[float] = KNEE_GRID, tile_grid: Sequence[int] = TILE_GRID,
+                  small_batch_seqs: int = SMALL_BATCH_SEQS) -> LatencyModel:
     """GPU coefficients fitted to the points' GPU time (no CPU, no embedding).
 
-    For each candidate knee, non-negative least squares on the weighted rows (columns scaled to
-    unit maximum first: they span 1 to 1e7 and NNLS's active-set steps are sensitive to that);
-    the knee with the least weighted residual wins (the smallest on ties).
+    For each candidate (tile, knee), non-negative least squares on the weighted rows (columns
+    scaled to unit maximum first: they span 1 to 1e7 and NNLS's active-set steps are sensitive to
+    that); the pair with the least weighted residual wins (the first on ties: smaller tiles,
+    then smaller knees). ``tile_grid=(1,)`` and ``small_batch_seqs=0`` fit the smooth formula
+    (no tile rounding, one decode-attention price), which the V100 derivation starts from.
     """
     check_choice("weighting", weighting, WEIGHTINGS)
     y = np.array([p.measured_s(False) for p in points])
     w = _weights(points, y, weighting)
     best = None
-    for knee in knee_grid:
-        a = gpu_features(points, knee)
-        scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
-        coef, res = nnls(a * w[:, None] / scale, y * w)
-        if best is None or res < best[0] - 1e-15:
-            best = (res, knee, coef / scale)
-    _, knee, c = best
-    return LatencyModel(**dict(zip(GPU_TERMS, map(float, c))), knee_tokens=float(knee))
+    for tile in tile_grid:
+        for knee in knee_grid:
+            a = gpu_features(points, knee, tile, small_batch_seqs)
+            scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+            coef, res = nnls(a * w[:, None] / scale, y * w)
+            if best is None or res < best[0] - 1e-15:
+                best = (res, tile, knee, coef / scale)
+    _, tile, knee, c = best
+    small = small_batch_seqs if c[GPU_TERMS.index("decode_ctx_small_s")] > 0 else 0
+    return LatencyModel(**dict(zip(GPU_TERMS, map(float, c))), knee_tokens=float(knee),
+                        tile_tokens=int(tile), small_batch_seqs=small)
+
+
+def minimax_bound(points: Sequence[CalibrationPoint], knee_grid: Sequence[float] = KNEE_GRID[::4],
+                  tile_grid: Sequence[int] = TILE_GRID, small_batch_seqs: int = SMALL_BATCH_SEQS
+                  ) -> tuple[float, int, float]:
+    """(least max |relative error|, tile, knee): the best any non-negative coefficients of the
+    formula can do on the points' GPU time, by a linear program per (tile, knee) (minimise t
+    with -t <= predicted / measured - 1 <= t). A bound above a target proves that no fit of
+    this formula meets it, whatever the weighting."""
+    from scipy.optimize import linprog
+
+    y = np.array([p.measured_s(False) for p in points])
+    best = (math.inf, 1, 0.0)
+    for tile in tile_grid:
+        for knee in knee_grid:
+            r = gpu_features(points, knee, tile, small_batch_seqs) / y[:, None]
+            scale = np.where(r.max(axis=0) > 0, r.max(axis=0), 1.0)
+            r = r / scale
+            m, k = r.shape
+            ones = np.ones((m, 1))
+            res = linprog(np.r_[np.zeros(k), 1.0], A_ub=np.block([[r, -ones], [-r, -ones]]),
+                          b_ub=np.r_[np.ones(m), -np.ones(m)], bounds=[(0, None)] * (k + 1), method="highs")
+            if res.status == 0 and res.x[-1] < best[0]:
+                best = (float(res.x[-1]), int(tile), float(knee))
+    return best
 
 
 def fit_cpu_terms(cpu: CpuOverheads) -> tuple[float, float]:
@@ -156,12 +208,12 @@ def fit_preset(name: str, cpu: CpuOverheads, weighting: str = "relative",
     gpu, model = PRESET_PROFILES[name]
     points = tuple(profile_step_times(gpu, model, 1, data_dir))
     cpu_base_s, cpu_seq_s = fit_cpu_terms(cpu)
-    fitted = replace(fit_gpu_terms(points, weighting), cpu_base_s=cpu_base_s, cpu_seq_s=cpu_seq_s)
+    fitted = replace(fit_gpu_terms(points, weighting, knee_grid(gpu)), cpu_base_s=cpu_base_s, cpu_seq_s=cpu_seq_s)
     return FitReport(name, fitted, points, weighting)
 
 
 def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTED_PRESETS + DERIVED_PRESETS,
-              weighting: str = "relative", log: Callable[[str], None] = print) -> Calibration:
+              weighting: str = "relative", log: Callable[[str], None] = print, bound: bool = False) -> Calibration:
     """Fit each requested preset from the profiles (and the V100 one from the paper); print all."""
     for name in presets:
         check_choice("preset", name, FITTED_PRESETS + DERIVED_PRESETS)
@@ -172,9 +224,10 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
         f" least-squares line {cpu.intercept_ms:.4f} + {cpu.slope_ms:.5f} x batch ms -> cpu_base_s, "
         f"cpu_seq_s (the table is used as measured for batch 8-128, the line below 8); the same "
         f"table for every preset (only 7B TP1 is profiled).")
-    a, b, c = decode_attention_fit(attention)
-    log(f"decode attention per layer (Llama-2 A100) ~ {a:.4f} + {b:.5f} x batch + {c:.3e} x batch x context ms"
-        " (absolute NNLS; only its KV term is used: GQA scaling)")
+    a, b, c, cs = decode_attention_fit(attention)
+    log(f"decode attention per layer (Llama-2 A100) ~ {a:.4f} + {b:.5f} x batch + ({c:.3e} + {cs:.3e} x "
+        f"[batch <= {SMALL_BATCH_SEQS}]) x batch x context ms (absolute NNLS; only its KV terms are used: "
+        "GQA scaling)")
     wanted = set(presets) | ({"llama2-7b-a100"} if "llama2-7b-v100" in presets else set())
     fits: dict[str, FitReport] = {}
     for name in (n for n in FITTED_PRESETS if n in wanted):
@@ -185,10 +238,28 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
                                       cpu_seq_s=fits[name].model.cpu_seq_s), fits[name].points, other)
         log(f"  ({other}-error NNLS for comparison, without CPU: decode median/max "
             f"{_pct(alt.summary('decode'))}, prefill {_pct(alt.summary('prefill'))})")
+        between = FitReport(name, fits[name].model, tuple(dense_prefill_points(*PRESET_PROFILES[name], data_dir)),
+                            weighting)
+        log(f"  between the profiled points (whole prompts of 128-4,096 tokens every 64, attention "
+            f"interpolated; a check, not fit data): median/max |rel err| without CPU "
+            f"{_pct(between.summary('prefill'))}, with {_pct(between.summary('prefill', True))}")
+        if bound:
+            for label, kw in (("this formula", {}), ("the smooth formula (no tiles, one decode price)",
+                                                    dict(tile_grid=(1,), small_batch_seqs=0))):
+                t, tile, knee = minimax_bound(fits[name].points, **kw)
+                log(f"  least possible max |rel err| over all points, without CPU, {label}: {t:.1%} "
+                    f"(at tile {tile}, knee {knee:.0f}; a linear program per tile and knee, knees 0-1,024 in steps of 4)")
     derived: dict[str, LatencyModel] = {}
     if "llama2-7b-v100" in presets:
         log("\n== llama2-7b-v100 (no V100 profile: fitted to the paper's three figures) ==")
-        derived["llama2-7b-v100"] = paper_v100.derive_v100(fits["llama2-7b-a100"].model, log)
+        a100 = fits["llama2-7b-a100"]
+        smooth = replace(fit_gpu_terms(a100.points, weighting, knee_grid("a100"), tile_grid=(1,), small_batch_seqs=0),
+                         cpu_base_s=a100.model.cpu_base_s, cpu_seq_s=a100.model.cpu_seq_s)
+        log("  from the smooth A100 fit (tile_tokens 1, one decode-attention price; its errors: decode "
+            f"{_pct(FitReport('', smooth, a100.points, weighting).summary('decode'))}, prefill "
+            f"{_pct(FitReport('', smooth, a100.points, weighting).summary('prefill'))}): three scalar "
+            "figures cannot place GEMM tiles or a kernel switch on a V100, so the V100 carries none")
+        derived["llama2-7b-v100"] = paper_v100.derive_v100(smooth, log)
         paper_v100.explain_grad2(derived["llama2-7b-v100"], log)
     log("\n== rounded presets (4 significant digits) ==")
     for name, model in [(n, f.model) for n, f in fits.items()] + list(derived.items()):
@@ -198,8 +269,8 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
 
 def _print_fit(rep: FitReport, note: str, log: Callable[[str], None]) -> None:
     gpu_only = rep.model.without_cpu()
-    log(f"\n== {rep.preset} ==\n  attention: {note}\n  fit: {rep.weighting}-error NNLS at each knee, "
-        f"best knee {rep.model.knee_tokens:.0f} -> {fmt(rep.model)}")
+    log(f"\n== {rep.preset} ==\n  attention: {note}\n  fit: {rep.weighting}-error NNLS at each (GEMM tile, knee), "
+        f"best tile {rep.model.tile_tokens}, knee {rep.model.knee_tokens:.0f} -> {fmt(rep.model)}")
     log(f"  {'point':<34}{'GPU ms':>9}{'model':>9}{'err':>8}{'all-in ms':>11}{'model':>9}{'err':>8}")
     for p in rep.points:
         g, gm = p.measured_s(False), predicted_s(gpu_only, p)
@@ -222,8 +293,12 @@ def main(argv: Sequence[str] | None = None) -> Calibration:
                     help="preset to calibrate (repeatable; default: all)")
     ap.add_argument("--weighting", choices=WEIGHTINGS, default="relative",
                     help="least squares on relative (default) or absolute errors")
+    ap.add_argument("--bound", action="store_true",
+                    help="also print, per profiled preset, the least max |relative error| any "
+                         "coefficients of the formula can reach (minimax linear programs; ~10 s)")
     args = ap.parse_args(argv)
-    return calibrate(args.data_dir, args.preset or FITTED_PRESETS + DERIVED_PRESETS, args.weighting)
+    return calibrate(args.data_dir, args.preset or FITTED_PRESETS + DERIVED_PRESETS, args.weighting,
+                     bound=args.bound)
 
 
 if __name__ == "__main__":

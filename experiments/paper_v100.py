@@ -60,7 +60,7 @@ FIT_READING = "wall_clock"
 def prefill_slope_s(lat: LatencyModel, lo: int = GRAD1_PROMPTS[0], hi: int = GRAD1_PROMPTS[1]) -> float:
     """Least-squares slope of ``prefill_s(p)`` over prompts p = lo..hi (seconds per token)."""
     p = np.arange(lo, hi + 1, dtype=float)
-    t = (lat.token_s * p + lat.compute_token_s * np.maximum(p - lat.knee_tokens, 0.0)
+    t = (lat.token_s * p + lat.compute_token_s * np.maximum(lat.tiled(p) - lat.knee_tokens, 0.0)
          + lat.prefill_attn_s * p * (p + 1) / 2)   # the constant terms do not change a slope
     return float(np.polyfit(p, t, 1)[0])
 
@@ -103,6 +103,7 @@ def _scaled(a100: LatencyModel, xc: float, xm: float, xd: float, knee: float) ->
     return replace(a100, token_s=a100.token_s * xc, compute_token_s=a100.compute_token_s * xc,
                    prefill_attn_s=a100.prefill_attn_s * xc, base_s=a100.base_s * xm,
                    decode_seq_s=a100.decode_seq_s * xd, decode_ctx_s=a100.decode_ctx_s * xd,
+                   decode_ctx_small_s=a100.decode_ctx_small_s * xd,
                    knee_tokens=knee)
 
 

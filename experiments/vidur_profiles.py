@@ -36,6 +36,14 @@ CPU_OVERHEAD_COLUMNS = ("schedule_median", "sampler_e2e_median", "prepare_inputs
 """Vidur's ``_get_cpu_overhead`` terms (ray_comm_time has only a mean column)."""
 CPU_OVERHEAD_MODEL = "meta-llama/Llama-2-7b-hf"
 """The only 7-8B model with CPU overheads in the file (TP1, A100 host); used for every preset."""
+QUERY_HEADS = 32
+"""Query heads of both profiled models (Llama-3-8B has 8 KV heads but 32 query heads)."""
+SPLIT_KV_SEQ_HEADS = 512
+"""vLLM's decode kernels split each sequence's KV across thread blocks (paged-attention v2)
+while sequences x query heads <= 512: too few (sequence, head) blocks to fill the GPU otherwise."""
+SMALL_BATCH_SEQS = SPLIT_KV_SEQ_HEADS // QUERY_HEADS
+"""Decode batches up to this (16) run the split-KV kernel (``LatencyModel.small_batch_seqs``);
+the A100 profile has batches 1 and 8 below it and 32 and 64 above."""
 
 
 @dataclass(frozen=True)
@@ -252,13 +260,16 @@ class AttentionTransfer:
 
 
 def decode_attention_fit(points: Sequence[AttentionPoint]) -> np.ndarray:
-    """Non-negative (a, b, c) of per-layer decode attention ~ a + b*batch + c*batch*context (ms).
+    """Non-negative (a, b, c, c_small) of per-layer decode attention (ms)
+    ~ a + b*batch + (c + c_small [batch <= SMALL_BATCH_SEQS]) * batch * context.
 
-    Only the c term (bytes of KV read) shrinks with fewer KV heads; a and b are launch and
-    per-sequence work that GQA does not change.
+    Only the KV-read terms (c, and the small batches' split-KV extra c_small: the same bytes read
+    less efficiently) shrink with fewer KV heads; a and b are launch and per-sequence work that
+    GQA does not change.
     """
     dec = [p for p in points if p.phase == "decode"]
-    a = np.array([[1.0, p.query_tokens, p.query_tokens * p.context_tokens] for p in dec])
+    a = np.array([[1.0, p.query_tokens, p.query_tokens * p.context_tokens,
+                   p.query_tokens * p.context_tokens * (p.query_tokens <= SMALL_BATCH_SEQS)] for p in dec])
     t = np.array([p.attention_ms for p in dec])
     scale = a.max(axis=0)
     coef, _ = nnls(a / scale, t)
@@ -268,7 +279,7 @@ def decode_attention_fit(points: Sequence[AttentionPoint]) -> np.ndarray:
 def build_points(ops: OperatorProfile, attention: Sequence[AttentionPoint], cpu: CpuOverheads,
                  transfer: AttentionTransfer) -> list[CalibrationPoint]:
     """Step times at every profiled attention shape: prefill of one chunk, or a decode batch."""
-    kv_c = decode_attention_fit(attention)[2]
+    _, _, kv_c, kv_small = decode_attention_fit(attention)
     out = []
     for p in attention:
         if p.phase == "prefill":
@@ -280,7 +291,7 @@ def build_points(ops: OperatorProfile, attention: Sequence[AttentionPoint], cpu:
                 cpu.at(1) / 1e3))
         else:
             b, L = p.query_tokens, p.context_tokens
-            kv_part = kv_c * b * L
+            kv_part = (kv_c + (kv_small if b <= SMALL_BATCH_SEQS else 0.0)) * b * L
             attn = (p.attention_ms - kv_part * (1.0 - transfer.decode_kv_factor) + p.reshape_ms)
             if attn <= 0:
                 raise ValueError(f"{p}: transferred decode attention {attn:.4f} ms is not positive")
@@ -360,3 +371,30 @@ def profile_step_times(gpu: str, model: str, tp: int = 1,
     attention = load_attention_medians(profile_path("vidur_a100_llama2_7b_attention_medians", data_dir))
     cpu = load_cpu_overheads(profile_path("vidur_a100_cpu_overheads", data_dir))
     return build_points(ops, attention, cpu, attention_transfer(gpu, model, tp))
+
+
+DENSE_PREFILL_CHUNKS = tuple(range(128, 4097, 64))
+"""Prompt sizes of the between-points check (:func:`dense_prefill_points`)."""
+
+
+def dense_prefill_points(gpu: str, model: str, data_dir: Path | str | None = None,
+                         chunks: Sequence[int] = DENSE_PREFILL_CHUNKS) -> list[CalibrationPoint]:
+    """Whole-prompt prefills (no cached prefix) at every 64 tokens from 128 to 4,096: the linear
+    layers as profiled at that size, attention interpolated linearly in the chunk size between
+    the profiled no-prefix medians (128, 224, 512, 1,792, ..., 4,096).
+
+    Why: the fit sees 22 prefill shapes; the linear layers are a staircase in N, so a fit can
+    follow those shapes and miss the steps between them. These points are a check, not fit data
+    (their attention is an interpolation, not a measurement)."""
+    ops = load_operator_profile(profile_path(OPERATOR_DATASETS[gpu, model], data_dir), 1)
+    attention = load_attention_medians(profile_path("vidur_a100_llama2_7b_attention_medians", data_dir))
+    cpu = load_cpu_overheads(profile_path("vidur_a100_cpu_overheads", data_dir))
+    factor = attention_transfer(gpu, model).prefill_factor
+    rows = sorted((p.query_tokens, p.attention_ms + p.reshape_ms) for p in attention
+                  if p.phase == "prefill" and p.context_tokens == 0)
+    xs, ys = (np.array(v, dtype=float) for v in zip(*rows))
+    return [CalibrationPoint("prefill", f"prefill chunk={c} prefix=0 (interpolated attention)", c,
+                             causal_pairs(c), 0, 0,
+                             float(ops.layers_ms(c) + NUM_LAYERS * np.interp(c, xs, ys) * factor) / 1e3,
+                             ops.embedding_ms_at(c) / 1e3, cpu.at(1) / 1e3)
+            for c in chunks]

@@ -85,8 +85,10 @@ def _same(a, b):
      "num_kv_blocks": 300}, "obs": {"features": ["cached_prefix"]}},              # prefix caching
     {"num_requests": 250, "workload": "conversation", "engine": {"enable_prefix_caching": True,
      "num_kv_blocks": 300, "chunked_prefill": True, "max_num_batched_tokens": 512}},
+    {"num_requests": 250, "engine": {"preset": "llama2-7b-a100", "chunked_prefill": True,   # GEMM tiles,
+     "max_num_batched_tokens": 200}, "arrival_rate_rps": 60.0},                    # small-batch decode
 ], ids=["default", "chunked", "tight_kv", "bin_packing", "lwl_chunked", "step_mode",
-        "prefix_caching", "prefix_caching_chunked"])
+        "prefix_caching", "prefix_caching_chunked", "a100_tiles"])
 def test_compiled_equals_pure_bit_for_bit(options, monkeypatch):
     pure = _trajectory(PureEngine, monkeypatch, 5, **options)
     comp = _trajectory(COMPILED, monkeypatch, 5, **options)

@@ -23,9 +23,11 @@ from llm_lb_gym.sim.request import RequestTable, Status
 from llm_lb_gym.sim.simulate import simulate
 from llm_lb_gym.workload.batch import RequestBatch
 
-# Every term of the model, with a knee low enough that prompts and large decode batches cross it.
-LAT = LatencyModel(base_s=0.01, token_s=2e-5, compute_token_s=2e-4, knee_tokens=24.5, prefill_attn_s=1e-8,
-                   decode_seq_s=1e-4, decode_ctx_s=5e-7, cpu_base_s=1e-3, cpu_seq_s=3e-5)
+# Every term of the model, with a knee low enough that prompts and large decode batches cross it,
+# GEMM tiles of 8 tokens and a small-batch decode price for batches of 1-3 (max_seqs goes to 8).
+LAT = LatencyModel(base_s=0.01, token_s=2e-5, compute_token_s=2e-4, knee_tokens=24.5, tile_tokens=8,
+                   prefill_attn_s=1e-8, decode_seq_s=1e-4, decode_ctx_s=5e-7, decode_ctx_small_s=2e-7,
+                   small_batch_seqs=3, cpu_base_s=1e-3, cpu_seq_s=3e-5)
 
 
 def _workload(seed: int, n: int, rate: float, max_p: int, max_d: int):

@@ -29,19 +29,22 @@ def _point(phase, chunk, prefix, batch, ctx, truth: LatencyModel) -> vp.Calibrat
 
 def _synthetic_points(truth: LatencyModel) -> list[vp.CalibrationPoint]:
     """Prefill chunks with and without a cached prefix, decode batches over batch x context."""
-    pts = [_point("prefill", c, q, 0, 0, truth) for c in (16, 128, 300, 512, 2048, 4096) for q in (0, 1024)]
+    pts = [_point("prefill", c, q, 0, 0, truth) for c in (16, 128, 300, 330, 512, 2048, 4096) for q in (0, 1024)]
     pts += [_point("decode", 0, 0, b, L, truth) for b in (1, 8, 32, 128, 512) for L in (64, 512, 2048)]
     return pts
 
 
-TRUTH = LatencyModel(base_s=0.012, token_s=2.0e-5, compute_token_s=7.5e-5, knee_tokens=200,
-                     prefill_attn_s=1.1e-8, decode_seq_s=4.0e-5, decode_ctx_s=2.5e-7)
+TRUTH = LatencyModel(base_s=0.012, token_s=2.0e-5, compute_token_s=7.5e-5, knee_tokens=200, tile_tokens=64,
+                     prefill_attn_s=1.1e-8, decode_seq_s=4.0e-5, decode_ctx_s=2.5e-7, decode_ctx_small_s=6e-8,
+                     small_batch_seqs=cal.SMALL_BATCH_SEQS)
 
 
 @pytest.mark.parametrize("weighting", cal.WEIGHTINGS)
 def test_fit_recovers_known_coefficients_and_knee(weighting: str) -> None:
+    """Tile and knee from the grids (chunks of 300 and 330 tokens tell tiles 32, 64 and 128
+    apart), the linear terms from NNLS, the small-batch price from batches 1 and 8 vs 32+."""
     fitted = cal.fit_gpu_terms(_synthetic_points(TRUTH), weighting)
-    assert fitted.knee_tokens == 200
+    assert (fitted.knee_tokens, fitted.tile_tokens, fitted.small_batch_seqs) == (200, 64, 16)
     for name in COEFFS:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUTH, name), rel=1e-6, abs=1e-15), name
 
@@ -191,9 +194,9 @@ def calibration() -> cal.Calibration:
 # Measured by `python -m experiments.calibrate` (docs/calibration.md): per preset and regime, the
 # (median, max) |relative error| without CPU overhead and embedding, then with them.
 MEASURED = {
-    "llama2-7b-a100": {"decode": ((0.032, 0.068), (0.029, 0.066)), "prefill": ((0.027, 0.092), (0.026, 0.088))},
-    "llama3-8b-a100": {"decode": ((0.047, 0.090), (0.038, 0.086)), "prefill": ((0.017, 0.111), (0.017, 0.106))},
-    "llama2-7b-h100": {"decode": ((0.024, 0.071), (0.024, 0.067)), "prefill": ((0.043, 0.145), (0.040, 0.132))},
+    "llama2-7b-a100": {"decode": ((0.0145, 0.0234), (0.0120, 0.0218)), "prefill": ((0.0265, 0.0621), (0.0246, 0.0597))},
+    "llama3-8b-a100": {"decode": ((0.0337, 0.0558), (0.0304, 0.0474)), "prefill": ((0.0202, 0.0763), (0.0205, 0.0733))},
+    "llama2-7b-h100": {"decode": ((0.0177, 0.0290), (0.0127, 0.0247)), "prefill": ((0.0404, 0.1313), (0.0359, 0.1194))},
 }
 
 

@@ -250,7 +250,7 @@ def get_preset(name: str) -> HardwarePreset:
 
 
 _VIDUR = "Vidur (microsoft/vidur, MIT) vLLM kernel profiles in shared/data/profiling/vidur"
-_FIT = ("knee by 1-D search, the other GPU terms by non-negative least squares on relative error; "
+_FIT = ("GEMM tile and knee (up to 2x the ridge point) by grid search, the other GPU terms by non-negative least squares on relative error; "
         "CPU terms: line through Vidur's A100-host CPU overheads (Llama-2-7B TP1); "
         "experiments/calibrate.py, docs/calibration.md")
 _CPU = dict(cpu_base_s=9.433e-4, cpu_seq_s=4.918e-5)
@@ -267,21 +267,24 @@ register_preset(HardwarePreset(
 ))
 register_preset(HardwarePreset(
     "llama2-7b-a100", "llama2-7b", "a100",
-    LatencyModel(base_s=0.01, token_s=2.447e-5, compute_token_s=4.792e-5, knee_tokens=182.0,
-                 prefill_attn_s=4.359e-9, decode_seq_s=0.0, decode_ctx_s=2.877e-7, **_CPU),
+    LatencyModel(base_s=0.009628, token_s=2.774e-5, compute_token_s=4.56e-5, knee_tokens=207.0, tile_tokens=128,
+                 prefill_attn_s=4.091e-9, decode_seq_s=0.0, decode_ctx_s=2.855e-7, decode_ctx_small_s=8.766e-8,
+                 small_batch_seqs=16, **_CPU),
     source=f"{_VIDUR}: a100 Llama-2-7b-hf mlp.csv, attention medians, CPU overheads; {_FIT}",
 ))
 register_preset(HardwarePreset(
     "llama3-8b-a100", "llama3-8b", "a100",
-    LatencyModel(base_s=0.01074, token_s=3.179e-5, compute_token_s=4.804e-5, knee_tokens=279.0,
-                 prefill_attn_s=4.507e-9, decode_seq_s=0.0, decode_ctx_s=7.572e-8, **_CPU),
+    LatencyModel(base_s=0.01025, token_s=3.005e-5, compute_token_s=4.803e-5, knee_tokens=223.0, tile_tokens=128,
+                 prefill_attn_s=4.346e-9, decode_seq_s=1.098e-5, decode_ctx_s=7.417e-8, decode_ctx_small_s=3.263e-8,
+                 small_batch_seqs=16, **_CPU),
     source=(f"{_VIDUR}: a100 Meta-Llama-3-8B mlp.csv; attention from Llama-2-7B's A100 medians "
             f"(decode KV-read part x 8/32 KV heads); {_FIT}"),
 ))
 register_preset(HardwarePreset(
     "llama2-7b-h100", "llama2-7b", "h100",
-    LatencyModel(base_s=0.006007, token_s=8.746e-6, compute_token_s=1.425e-5, knee_tokens=329.0,
-                 prefill_attn_s=1.231e-9, decode_seq_s=8.142e-8, decode_ctx_s=1.808e-7, **_CPU),
+    LatencyModel(base_s=0.005734, token_s=1.054e-5, compute_token_s=1.248e-5, knee_tokens=357.0, tile_tokens=128,
+                 prefill_attn_s=1.174e-9, decode_seq_s=6.924e-6, decode_ctx_s=1.75e-7, decode_ctx_small_s=6.101e-8,
+                 small_batch_seqs=16, **_CPU),
     source=(f"{_VIDUR}: h100 Llama-2-7b-hf mlp.csv; attention from A100 medians (prefill x 312/989.4 "
             f"TFLOPS, decode x 2039/3352 GB/s); A100-host CPU overheads; {_FIT}"),
 ))
