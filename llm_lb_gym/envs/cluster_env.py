@@ -110,6 +110,11 @@ class LLMClusterEnv(gym.Env):
       version. Prefix caching, SLO deadlines (metrics and ``reward.slo_reward``) and new
       observation features are options; the SLO metrics are on by default and change nothing
       in the simulation.
+    - v0 (package 0.3): two latency terms (GEMM tile rounding of the compute-bound term, a
+      small-batch decode-attention price) and the A100, Llama-3 A100 and H100 presets refitted
+      with them. The default (V100) preset and every result on it are unchanged, bit for bit;
+      settings on the refitted presets (mixed A100/V100 clusters, ``engine=a100_*``/``h100_*``)
+      move by about 1% (``docs/heterogeneous.md`` was re-measured).
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
