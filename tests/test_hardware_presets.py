@@ -17,7 +17,8 @@ from llm_lb_gym.sim.catalog import ArchitecturePreset, build_preset, custom_pres
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.gpus import GPUS, get_gpu
 from llm_lb_gym.sim.latency import PRESETS, get_preset
-from llm_lb_gym.sim.simulate import poisson_batch, simulate
+from llm_lb_gym.sim.simulate import simulate
+from llm_lb_gym.workload.batch import poisson_batch
 
 VIDUR = default_data_dir() / "profiling" / "vidur"
 needs_data = pytest.mark.skipif(not VIDUR.is_dir(), reason=f"profiling data absent at {VIDUR}")

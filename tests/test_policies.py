@@ -22,7 +22,7 @@ from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.latency import LatencyModel
 from llm_lb_gym.sim.request import Status
-from llm_lb_gym.sim.simulate import poisson_batch
+from llm_lb_gym.workload.batch import poisson_batch
 from llm_lb_gym.workload.batch import RequestBatch
 
 # Decode of B sequences: 1 + B/8 (one batched token each) + B/8 (per decode sequence) = 1 + B/4.

@@ -6,14 +6,26 @@ drives the same ``Cluster`` with a decision interval instead.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from ..workload.batch import RequestBatch
 from .cluster import Cluster
 from .config import ClusterConfig
 from .request import RequestTable
+
+class RequestBatch(Protocol):
+    """What the driver reads of a batch of requests: ``llm_lb_gym.workload.batch.RequestBatch``
+    has these columns. A protocol, not that class, so the simulator does not import the
+    workload package above it (imports point down: sim <- workload)."""
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    task_id: np.ndarray
+    prefix_hashes: Sequence | None
+    hash_block_tokens: int
+
 
 RouteFn = Callable[[Cluster, int], int]
 """(cluster, request id at the head of the router queue) -> instance index."""
@@ -55,11 +67,3 @@ def simulate(batch: RequestBatch, cfg: ClusterConfig, route: RouteFn | None = No
     assert cluster.done, "simulation ended with requests neither finished nor rejected"
     return cluster
 
-
-def poisson_batch(rng: np.random.Generator, n: int, rate_rps: float, prompt_mean: float,
-                  decode_mean: float, max_tokens: int = 4000) -> RequestBatch:
-    """A quick synthetic batch (geometric lengths, Poisson arrivals) for tests and benches."""
-    arr = np.cumsum(rng.exponential(1.0 / rate_rps, n))
-    p = np.minimum(rng.geometric(1.0 / prompt_mean, n), max_tokens // 2)
-    d = np.minimum(rng.geometric(1.0 / decode_mean, n), max_tokens // 2)
-    return RequestBatch.from_arrays(arr, p, d)

@@ -109,3 +109,12 @@ def _counts(name: str, values) -> np.ndarray:
     elif a.dtype.kind not in "iub" and len(a):
         raise ValueError(f"RequestBatch.{name} must be integers; got dtype {a.dtype}")
     return a.astype(np.int64)
+
+
+def poisson_batch(rng: np.random.Generator, n: int, rate_rps: float, prompt_mean: float,
+                  decode_mean: float, max_tokens: int = 4000) -> RequestBatch:
+    """A quick synthetic batch (geometric lengths, Poisson arrivals) for tests and benches."""
+    arr = np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    p = np.minimum(rng.geometric(1.0 / prompt_mean, n), max_tokens // 2)
+    d = np.minimum(rng.geometric(1.0 / decode_mean, n), max_tokens // 2)
+    return RequestBatch.from_arrays(arr, p, d)
