@@ -44,6 +44,8 @@ FITTED_PRESETS = tuple(PRESET_PROFILES)
 DERIVED_PRESETS = ("llama2-7b-v100",)
 KNEE_GRID = tuple(range(0, 1025))
 """Candidate knees (batched tokens): the profiles' linear layers turn compute bound at ~100-400."""
+TILE_GRID = (1, 16, 32, 64, 128, 256)
+"""Candidate GEMM tile rows (``LatencyModel.tile_tokens``): the M-tile sizes cuBLAS kernels use."""
 RIDGE_FACTOR = 2
 """A preset's knee is searched from 0 to this x its GPU's datasheet ridge point (FP16 FLOPs per
 byte of bandwidth = the tokens at which reading fp16 weights and multiplying them take equally
@@ -51,13 +53,13 @@ long: A100 153, H100 295). Why: left free, the H100 fit put its knee at the grid
 to follow the staircase of its 22 prefill points, and between them it was off by up to 25%."""
 
 
-def knee_grid(gpu: str) -> tuple[int, ...]:
-    """Candidate knees of a preset on ``gpu`` (:data:`RIDGE_FACTOR`)."""
+def knee_candidates(gpu: str) -> tuple[int, ...]:
+    """Candidate knees of a preset on ``gpu``: 0 to :data:`RIDGE_FACTOR` x its ridge point."""
     sheet = DATASHEETS[gpu]
     ridge = sheet.fp16_tensor_tflops * 1e12 / (sheet.memory_bandwidth_gb_s * 1e9)
     return tuple(range(0, int(RIDGE_FACTOR * ridge) + 1))
-TILE_GRID = (1, 16, 32, 64, 128, 256)
-"""Candidate GEMM tile rows (``LatencyModel.tile_tokens``): the M-tile sizes cuBLAS kernels use."""
+
+
 PHASES = ("decode", "prefill")
 GPU_TERMS = ("base_s", "token_s", "compute_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s",
              "decode_ctx_small_s")
@@ -208,7 +210,7 @@ def fit_preset(name: str, cpu: CpuOverheads, weighting: str = "relative",
     gpu, model = PRESET_PROFILES[name]
     points = tuple(profile_step_times(gpu, model, 1, data_dir))
     cpu_base_s, cpu_seq_s = fit_cpu_terms(cpu)
-    fitted = replace(fit_gpu_terms(points, weighting, knee_grid(gpu)), cpu_base_s=cpu_base_s, cpu_seq_s=cpu_seq_s)
+    fitted = replace(fit_gpu_terms(points, weighting, knee_candidates(gpu)), cpu_base_s=cpu_base_s, cpu_seq_s=cpu_seq_s)
     return FitReport(name, fitted, points, weighting)
 
 
@@ -253,13 +255,13 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
     if "llama2-7b-v100" in presets:
         log("\n== llama2-7b-v100 (no V100 profile: fitted to the paper's three figures) ==")
         a100 = fits["llama2-7b-a100"]
-        smooth = replace(fit_gpu_terms(a100.points, weighting, knee_grid("a100"), tile_grid=(1,), small_batch_seqs=0),
-                         cpu_base_s=a100.model.cpu_base_s, cpu_seq_s=a100.model.cpu_seq_s)
+        smooth = FitReport("llama2-7b-a100 (smooth)", replace(
+            fit_gpu_terms(a100.points, weighting, knee_candidates("a100"), tile_grid=(1,), small_batch_seqs=0),
+            cpu_base_s=a100.model.cpu_base_s, cpu_seq_s=a100.model.cpu_seq_s), a100.points, weighting)
         log("  from the smooth A100 fit (tile_tokens 1, one decode-attention price; its errors: decode "
-            f"{_pct(FitReport('', smooth, a100.points, weighting).summary('decode'))}, prefill "
-            f"{_pct(FitReport('', smooth, a100.points, weighting).summary('prefill'))}): three scalar "
-            "figures cannot place GEMM tiles or a kernel switch on a V100, so the V100 carries none")
-        derived["llama2-7b-v100"] = paper_v100.derive_v100(smooth, log)
+            f"{_pct(smooth.summary('decode'))}, prefill {_pct(smooth.summary('prefill'))}): three "
+            "scalar figures cannot place GEMM tiles or a kernel switch on a V100, so the V100 carries none")
+        derived["llama2-7b-v100"] = paper_v100.derive_v100(smooth.model, log)
         paper_v100.explain_grad2(derived["llama2-7b-v100"], log)
     log("\n== rounded presets (4 significant digits) ==")
     for name, model in [(n, f.model) for n, f in fits.items()] + list(derived.items()):

@@ -367,10 +367,15 @@ def profile_step_times(gpu: str, model: str, tp: int = 1,
         raise ConfigError(f"profile (gpu, model)=({gpu!r}, {model!r}) is not profiled; allowed: {allowed}")
     if tp not in TP_DEGREES:
         raise ConfigError(f"tp={tp!r} is not profiled; allowed: {', '.join(map(str, TP_DEGREES))}")
-    ops = load_operator_profile(profile_path(OPERATOR_DATASETS[gpu, model], data_dir), tp)
-    attention = load_attention_medians(profile_path("vidur_a100_llama2_7b_attention_medians", data_dir))
-    cpu = load_cpu_overheads(profile_path("vidur_a100_cpu_overheads", data_dir))
-    return build_points(ops, attention, cpu, attention_transfer(gpu, model, tp))
+    return build_points(*_load_profiles(gpu, model, tp, data_dir), attention_transfer(gpu, model, tp))
+
+
+def _load_profiles(gpu: str, model: str, tp: int, data_dir: Path | str | None
+                   ) -> tuple[OperatorProfile, list[AttentionPoint], CpuOverheads]:
+    """The operator profile of (gpu, model, tp), the Llama-2 A100 attention medians, the CPU table."""
+    return (load_operator_profile(profile_path(OPERATOR_DATASETS[gpu, model], data_dir), tp),
+            load_attention_medians(profile_path("vidur_a100_llama2_7b_attention_medians", data_dir)),
+            load_cpu_overheads(profile_path("vidur_a100_cpu_overheads", data_dir)))
 
 
 DENSE_PREFILL_CHUNKS = tuple(range(128, 4097, 64))
@@ -386,9 +391,7 @@ def dense_prefill_points(gpu: str, model: str, data_dir: Path | str | None = Non
     Why: the fit sees 22 prefill shapes; the linear layers are a staircase in N, so a fit can
     follow those shapes and miss the steps between them. These points are a check, not fit data
     (their attention is an interpolation, not a measurement)."""
-    ops = load_operator_profile(profile_path(OPERATOR_DATASETS[gpu, model], data_dir), 1)
-    attention = load_attention_medians(profile_path("vidur_a100_llama2_7b_attention_medians", data_dir))
-    cpu = load_cpu_overheads(profile_path("vidur_a100_cpu_overheads", data_dir))
+    ops, attention, cpu = _load_profiles(gpu, model, 1, data_dir)
     factor = attention_transfer(gpu, model).prefill_factor
     rows = sorted((p.query_tokens, p.attention_ms + p.reshape_ms) for p in attention
                   if p.phase == "prefill" and p.context_tokens == 0)

@@ -49,6 +49,13 @@ def test_fit_recovers_known_coefficients_and_knee(weighting: str) -> None:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUTH, name), rel=1e-6, abs=1e-15), name
 
 
+def test_minimax_bound_is_zero_when_the_formula_is_exact() -> None:
+    t, tile, knee = cal.minimax_bound(_synthetic_points(TRUTH), knee_grid=(100, 200), tile_grid=(1, 64))
+    assert (tile, knee) == (64, 200) and t == pytest.approx(0.0, abs=1e-7)
+    t_wrong, *_ = cal.minimax_bound(_synthetic_points(TRUTH), knee_grid=(100,), tile_grid=(1,))
+    assert t_wrong > 0.01
+
+
 def test_fit_keeps_an_absent_term_at_zero() -> None:
     truth = dataclasses.replace(TRUTH, prefill_attn_s=0.0, decode_seq_s=0.0)
     fitted = cal.fit_gpu_terms(_synthetic_points(truth))
@@ -209,6 +216,28 @@ def test_fit_error_is_the_documented_one(calibration: cal.Calibration, name: str
             got = rep.summary(phase, with_cpu)
             assert got[0] == pytest.approx(median, abs=0.0006), (phase, with_cpu, got)
             assert got[1] == pytest.approx(worst, abs=0.0006), (phase, with_cpu, got)
+
+
+# Between the profiled points (docs/calibration.md): whole prompts every 64 tokens, attention
+# interpolated; (median, max) |relative error| without CPU.
+BETWEEN = {"llama2-7b-a100": (0.030, 0.107), "llama3-8b-a100": (0.016, 0.089), "llama2-7b-h100": (0.048, 0.136)}
+
+
+@needs_data
+@pytest.mark.parametrize("name", cal.FITTED_PRESETS)
+def test_between_points_check_is_the_documented_one(name: str) -> None:
+    pts = vp.dense_prefill_points(*cal.PRESET_PROFILES[name])
+    assert [p.prefill_tokens for p in pts] == list(range(128, 4097, 64))
+    got = cal.FitReport(name, get_preset(name).latency, tuple(pts), "relative").summary("prefill")
+    assert got == pytest.approx(BETWEEN[name], abs=0.0006)
+
+
+@needs_data
+def test_no_coefficients_beat_the_bound(calibration: cal.Calibration) -> None:
+    """At the fitted (tile, knee) the linear program's max error is at most the fit's."""
+    rep = calibration.fits["llama2-7b-a100"]
+    t, *_ = cal.minimax_bound(rep.points, knee_grid=(rep.model.knee_tokens,), tile_grid=(rep.model.tile_tokens,))
+    assert 0.03 < t <= np.abs(rep.rel_errors()).max()
 
 
 @needs_data
