@@ -751,6 +751,8 @@ class Engine:
     def _batch_s(self, n: int, pairs: int, nseq: int) -> float:
         """Iteration time of a prefill or mixed batch without its decode-attention terms:
         ``n`` batched tokens, ``pairs`` causal prefill pairs, ``nseq`` sequences (latency.py)."""
+        # LatencyModel.tiled, inlined: a method call per iteration costs more than the arithmetic
+        # (tests/test_engine_vs_reference.py holds the two equal with tiles on).
         over = (n if self.tile == 1 else -(-n // self.tile) * self.tile) - self.knee
         return (self.c0 + self.ct * n + (self.cc * over if over > 0.0 else 0.0)
                 + self.ca * pairs + self.cps * nseq)
