@@ -61,67 +61,108 @@ def knee_candidates(gpu: str) -> tuple[int, ...]:
 
 
 PHASES = ("decode", "prefill")
+TOKEN_KNOTS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+"""Segment starts of the fitted token curve (``LatencyModel.token_segments``): powers of two, a
+price per octave of batched tokens. Why: the linear layers' cost per token changes with N below
+and above the knee (cuBLAS picks other kernels as the GEMMs grow) and not always upwards; one
+price per octave follows that with non-negative prices (a monotone curve) and few coefficients."""
 GPU_TERMS = ("base_s", "token_s", "compute_token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s",
              "decode_ctx_small_s")
-"""The linear GPU coefficients, in the order of :func:`gpu_features`' columns."""
+"""The scalar GPU coefficients. :func:`gpu_features`' columns are these, with ``token_s``
+followed by one column per knot (the segments' prices)."""
+BETWEEN_FOLDS = 3
+"""Folds of the between-points cross-validation (:func:`cross_validated_between`)."""
 
 
 def gpu_features(points: Sequence[CalibrationPoint], knee: float, tile: int = 1,
-                 small_batch_seqs: int = 0) -> np.ndarray:
-    """Multipliers of the GPU terms (:data:`GPU_TERMS`) at a given knee, tile and small-batch
-    range, one row per point (the formula of ``LatencyModel.iteration_s``)."""
+                 small_batch_seqs: int = 0, knots: Sequence[int] = ()) -> np.ndarray:
+    """Multipliers of the GPU terms at a given knee, tile, small-batch range and token knots, one
+    row per point (the formula of ``LatencyModel.iteration_s``): base, the tokens in each
+    segment of the token curve (below the first knot: ``token_s``'s), compute, pairs, B, S,
+    S on small batches."""
     lat = LatencyModel(base_s=1.0, tile_tokens=tile, small_batch_seqs=small_batch_seqs)
-    n = np.array([p.batched_tokens for p in points])
+    n = np.array([p.batched_tokens for p in points], dtype=float)
     b = np.array([p.decode_seqs for p in points])
     ctx = np.array([p.decode_ctx_tokens for p in points], dtype=float)
     small = (b > 0) & (b <= small_batch_seqs)
-    return np.column_stack([
-        np.ones(len(points)), n, np.maximum(lat.tiled(n) - knee, 0.0),
-        [p.prefill_attn_pairs for p in points], b, ctx, ctx * small]).astype(float)
+    edges = (0,) + tuple(knots) + (math.inf,)
+    segments = [np.clip(n - edges[j], 0.0, edges[j + 1] - edges[j]) for j in range(len(edges) - 1)]
+    return np.column_stack([np.ones(len(points)), *segments, np.maximum(lat.tiled(n) - knee, 0.0),
+                            [p.prefill_attn_pairs for p in points], b, ctx, ctx * small]).astype(float)
 
 
-def _weights(points: Sequence[CalibrationPoint], y: np.ndarray, weighting: str) -> np.ndarray:
-    """Relative: rows / measured, each regime weighing the same in total (there are twice as
-    many prefill points as decode points); absolute: plain rows."""
+def model_from(coef: np.ndarray, knee: float, tile: int, small_batch_seqs: int,
+               knots: Sequence[int] = ()) -> LatencyModel:
+    """The LatencyModel of :func:`gpu_features`' coefficients."""
+    c = [float(v) for v in coef]
+    m = len(knots)
+    scalars = dict(zip(GPU_TERMS, [c[0], c[1]] + c[2 + m:]))
+    small = small_batch_seqs if scalars["decode_ctx_small_s"] > 0 else 0
+    return LatencyModel(**scalars, token_segments=tuple(zip(knots, c[2:2 + m])), knee_tokens=float(knee),
+                        tile_tokens=int(tile), small_batch_seqs=small)
+
+
+def _weights(groups: Sequence[str], y: np.ndarray, weighting: str) -> np.ndarray:
+    """Relative: rows / measured, each group (decode, prefill, between points) weighing the same
+    in total (there are twice as many prefill points as decode points, three times as many
+    between points as prefill points); absolute: plain rows."""
     if weighting == "absolute":
         return np.ones_like(y)
-    phases = [p.phase for p in points]
-    counts = {ph: phases.count(ph) for ph in set(phases)}
-    balance = np.array([math.sqrt(len(points) / (len(counts) * counts[ph])) for ph in phases])
+    counts = {g: list(groups).count(g) for g in set(groups)}
+    balance = np.array([math.sqrt(len(groups) / (len(counts) * counts[g])) for g in groups])
     return balance / y
 
 
 def fit_gpu_terms(points: Sequence[CalibrationPoint], weighting: str = "relative",
                   knee_grid: Sequence[float] = KNEE_GRID, tile_grid: Sequence[int] = TILE_GRID,
-                  small_batch_seqs: int = SMALL_BATCH_SEQS) -> LatencyModel:
-    """GPU coefficients fitted to the points' GPU time (no CPU, no embedding).
+                  small_batch_seqs: int = SMALL_BATCH_SEQS, knots: Sequence[int] = TOKEN_KNOTS,
+                  between: Sequence[CalibrationPoint] = ()) -> LatencyModel:
+    """GPU coefficients fitted to the points' GPU time (no CPU, no embedding), and to the
+    ``between`` points (whole prompts between the profiled shapes) as a third group.
 
     For each candidate (tile, knee), non-negative least squares on the weighted rows (columns
     scaled to unit maximum first: they span 1 to 1e7 and NNLS's active-set steps are sensitive to
     that); the pair with the least weighted residual wins (the first on ties: smaller tiles,
-    then smaller knees). ``tile_grid=(1,)`` and ``small_batch_seqs=0`` fit the smooth formula
-    (no tile rounding, one decode-attention price), which the V100 derivation starts from.
+    then smaller knees). ``tile_grid=(1,)``, ``small_batch_seqs=0`` and ``knots=()`` fit the
+    smooth formula (no tile rounding, one decode-attention price, one token price), which the
+    V100 derivation starts from.
     """
     check_choice("weighting", weighting, WEIGHTINGS)
-    y = np.array([p.measured_s(False) for p in points])
-    w = _weights(points, y, weighting)
+    rows = list(points) + list(between)
+    y = np.array([p.measured_s(False) for p in rows])
+    w = _weights([p.phase for p in points] + ["between"] * len(between), y, weighting)
     best = None
     for tile in tile_grid:
         for knee in knee_grid:
-            a = gpu_features(points, knee, tile, small_batch_seqs)
+            a = gpu_features(rows, knee, tile, small_batch_seqs, knots)
             scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
             coef, res = nnls(a * w[:, None] / scale, y * w)
             if best is None or res < best[0] - 1e-15:
                 best = (res, tile, knee, coef / scale)
     _, tile, knee, c = best
-    small = small_batch_seqs if c[GPU_TERMS.index("decode_ctx_small_s")] > 0 else 0
-    return LatencyModel(**dict(zip(GPU_TERMS, map(float, c))), knee_tokens=float(knee),
-                        tile_tokens=int(tile), small_batch_seqs=small)
+    return model_from(c, knee, tile, small_batch_seqs, knots)
+
+
+def cross_validated_between(points: Sequence[CalibrationPoint], between: Sequence[CalibrationPoint],
+                            weighting: str = "relative", knee_grid: Sequence[float] = KNEE_GRID,
+                            folds: int = BETWEEN_FOLDS) -> np.ndarray:
+    """Relative errors of the between points, each predicted by a fit that did not see it:
+    point i is held out in fold i mod ``folds`` (neighbours land in different folds), the fit
+    uses the profiled points and the other folds. Why: the between points are fit data, so their
+    in-fit error says little about a prompt size no profile has; this is the honest figure."""
+    err = np.empty(len(between))
+    for f in range(folds):
+        held = [i for i in range(len(between)) if i % folds == f]
+        seen = [p for i, p in enumerate(between) if i % folds != f]
+        m = fit_gpu_terms(points, weighting, knee_grid, between=seen)
+        for i in held:
+            err[i] = predicted_s(m, between[i]) / between[i].measured_s(False) - 1.0
+    return err
 
 
 def minimax_bound(points: Sequence[CalibrationPoint], knee_grid: Sequence[float] = KNEE_GRID[::4],
-                  tile_grid: Sequence[int] = TILE_GRID, small_batch_seqs: int = SMALL_BATCH_SEQS
-                  ) -> tuple[float, int, float]:
+                  tile_grid: Sequence[int] = TILE_GRID, small_batch_seqs: int = SMALL_BATCH_SEQS,
+                  knots: Sequence[int] = TOKEN_KNOTS) -> tuple[float, int, float]:
     """(least max |relative error|, tile, knee): the best any non-negative coefficients of the
     formula can do on the points' GPU time, by a linear program per (tile, knee) (minimise t
     with -t <= predicted / measured - 1 <= t). A bound above a target proves that no fit of
@@ -132,7 +173,7 @@ def minimax_bound(points: Sequence[CalibrationPoint], knee_grid: Sequence[float]
     best = (math.inf, 1, 0.0)
     for tile in tile_grid:
         for knee in knee_grid:
-            r = gpu_features(points, knee, tile, small_batch_seqs) / y[:, None]
+            r = gpu_features(points, knee, tile, small_batch_seqs, knots) / y[:, None]
             scale = np.where(r.max(axis=0) > 0, r.max(axis=0), 1.0)
             r = r / scale
             m, k = r.shape
@@ -163,6 +204,8 @@ class FitReport:
     """GPU and CPU terms."""
     points: tuple[CalibrationPoint, ...]
     weighting: str
+    between: tuple[CalibrationPoint, ...] = ()
+    """Whole prompts between the profiled shapes the fit also saw (``dense_prefill_points``)."""
 
     def rel_errors(self, phase: str | None = None, with_cpu: bool = False) -> np.ndarray:
         """predicted / measured - 1; ``with_cpu`` False: GPU terms vs Vidur's GPU sum; True: the
@@ -182,12 +225,14 @@ def round_sig(x: float, digits: int = 4) -> float:
     return 0.0 if x == 0 else round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
 
 
+def _round_value(v, digits: int):
+    if isinstance(v, tuple):   # token_segments: (start, price) pairs
+        return tuple((k, round_sig(p, digits)) for k, p in v)
+    return v if isinstance(v, int) else round_sig(v, digits)
+
+
 def rounded(model: LatencyModel, digits: int = 4) -> LatencyModel:
-    return LatencyModel(**{k: v if isinstance(v, int) else round_sig(v, digits) for k, v in vars(model).items()})
-
-
-def fmt(m: LatencyModel) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in vars(m).items())
+    return LatencyModel(**{k: _round_value(v, digits) for k, v in vars(model).items()})
 
 
 def _pct(pair: tuple[float, float]) -> str:
@@ -209,9 +254,11 @@ def fit_preset(name: str, cpu: CpuOverheads, weighting: str = "relative",
     """Fit one profiled preset: GPU terms to its profile, CPU terms to the CPU table."""
     gpu, model = PRESET_PROFILES[name]
     points = tuple(profile_step_times(gpu, model, 1, data_dir))
+    between = tuple(dense_prefill_points(gpu, model, data_dir))
     cpu_base_s, cpu_seq_s = fit_cpu_terms(cpu)
-    fitted = replace(fit_gpu_terms(points, weighting, knee_candidates(gpu)), cpu_base_s=cpu_base_s, cpu_seq_s=cpu_seq_s)
-    return FitReport(name, fitted, points, weighting)
+    fitted = replace(fit_gpu_terms(points, weighting, knee_candidates(gpu), between=between),
+                     cpu_base_s=cpu_base_s, cpu_seq_s=cpu_seq_s)
+    return FitReport(name, fitted, points, weighting, between)
 
 
 def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTED_PRESETS + DERIVED_PRESETS,
@@ -236,18 +283,23 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
         fits[name] = fit_preset(name, cpu, weighting, data_dir)
         _print_fit(fits[name], attention_transfer(*PRESET_PROFILES[name]).note, log)
         other = "absolute" if weighting == "relative" else "relative"
-        alt = FitReport(name, replace(fit_gpu_terms(fits[name].points, other), cpu_base_s=fits[name].model.cpu_base_s,
-                                      cpu_seq_s=fits[name].model.cpu_seq_s), fits[name].points, other)
+        alt = FitReport(name, replace(fit_gpu_terms(fits[name].points, other, knee_candidates(PRESET_PROFILES[name][0]),
+                                                    between=fits[name].between),
+                                      cpu_base_s=fits[name].model.cpu_base_s, cpu_seq_s=fits[name].model.cpu_seq_s),
+                        fits[name].points, other)
         log(f"  ({other}-error NNLS for comparison, without CPU: decode median/max "
             f"{_pct(alt.summary('decode'))}, prefill {_pct(alt.summary('prefill'))})")
-        between = FitReport(name, fits[name].model, tuple(dense_prefill_points(*PRESET_PROFILES[name], data_dir)),
-                            weighting)
+        between = FitReport(name, fits[name].model, fits[name].between, weighting)
+        cv = np.abs(cross_validated_between(fits[name].points, fits[name].between, weighting,
+                                            knee_candidates(PRESET_PROFILES[name][0])))
         log(f"  between the profiled points (whole prompts of 128-4,096 tokens every 64, attention "
-            f"interpolated; a check, not fit data): median/max |rel err| without CPU "
-            f"{_pct(between.summary('prefill'))}, with {_pct(between.summary('prefill', True))}")
+            f"interpolated; fit data as a third group): median/max |rel err| without CPU "
+            f"{_pct(between.summary('prefill'))}, with {_pct(between.summary('prefill', True))}; "
+            f"held out ({BETWEEN_FOLDS}-fold, each predicted by a fit without it): "
+            f"{_pct((float(np.median(cv)), float(cv.max())))}")
         if bound:
-            for label, kw in (("this formula", {}), ("the smooth formula (no tiles, one decode price)",
-                                                    dict(tile_grid=(1,), small_batch_seqs=0))):
+            for label, kw in (("this formula", {}), ("the smooth formula (no tiles, one decode price, one token price)",
+                                                    dict(tile_grid=(1,), small_batch_seqs=0, knots=()))):
                 t, tile, knee = minimax_bound(fits[name].points, **kw)
                 log(f"  least possible max |rel err| over all points, without CPU, {label}: {t:.1%} "
                     f"(at tile {tile}, knee {knee:.0f}; a linear program per tile and knee, knees 0-1,024 in steps of 4)")
@@ -256,7 +308,7 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
         log("\n== llama2-7b-v100 (no V100 profile: fitted to the paper's three figures) ==")
         a100 = fits["llama2-7b-a100"]
         smooth = FitReport("llama2-7b-a100 (smooth)", replace(
-            fit_gpu_terms(a100.points, weighting, knee_candidates("a100"), tile_grid=(1,), small_batch_seqs=0),
+            fit_gpu_terms(a100.points, weighting, knee_candidates("a100"), tile_grid=(1,), small_batch_seqs=0, knots=()),
             cpu_base_s=a100.model.cpu_base_s, cpu_seq_s=a100.model.cpu_seq_s), a100.points, weighting)
         log("  from the smooth A100 fit (tile_tokens 1, one decode-attention price; its errors: decode "
             f"{_pct(smooth.summary('decode'))}, prefill {_pct(smooth.summary('prefill'))}): three "
@@ -265,14 +317,14 @@ def calibrate(data_dir: Path | str | None = None, presets: Sequence[str] = FITTE
         paper_v100.explain_grad2(derived["llama2-7b-v100"], log)
     log("\n== rounded presets (4 significant digits) ==")
     for name, model in [(n, f.model) for n, f in fits.items()] + list(derived.items()):
-        log(f"  {name}: {fmt(rounded(model))}")
+        log(f"  {name}: {rounded(model).describe()}")
     return Calibration(fits, derived)
 
 
 def _print_fit(rep: FitReport, note: str, log: Callable[[str], None]) -> None:
     gpu_only = rep.model.without_cpu()
     log(f"\n== {rep.preset} ==\n  attention: {note}\n  fit: {rep.weighting}-error NNLS at each (GEMM tile, knee), "
-        f"best tile {rep.model.tile_tokens}, knee {rep.model.knee_tokens:.0f} -> {fmt(rep.model)}")
+        f"best tile {rep.model.tile_tokens}, knee {rep.model.knee_tokens:.0f} -> {rep.model.describe()}")
     log(f"  {'point':<34}{'GPU ms':>9}{'model':>9}{'err':>8}{'all-in ms':>11}{'model':>9}{'err':>8}")
     for p in rep.points:
         g, gm = p.measured_s(False), predicted_s(gpu_only, p)

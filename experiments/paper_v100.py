@@ -60,7 +60,7 @@ FIT_READING = "wall_clock"
 def prefill_slope_s(lat: LatencyModel, lo: int = GRAD1_PROMPTS[0], hi: int = GRAD1_PROMPTS[1]) -> float:
     """Least-squares slope of ``prefill_s(p)`` over prompts p = lo..hi (seconds per token)."""
     p = np.arange(lo, hi + 1, dtype=float)
-    t = (lat.token_s * p + lat.compute_token_s * np.maximum(lat.tiled(p) - lat.knee_tokens, 0.0)
+    t = (lat.tokens_s(p) + lat.compute_token_s * np.maximum(lat.tiled(p) - lat.knee_tokens, 0.0)
          + lat.prefill_attn_s * p * (p + 1) / 2)   # the constant terms do not change a slope
     return float(np.polyfit(p, t, 1)[0])
 
@@ -113,7 +113,7 @@ def derive_v100(a100: LatencyModel, log: Callable[[str], None] = print) -> Laten
     ridge = (DATASHEETS["v100"].fp16_tensor_tflops / DATASHEETS["v100"].memory_bandwidth_gb_s) / (
         DATASHEETS["a100"].fp16_tensor_tflops / DATASHEETS["a100"].memory_bandwidth_gb_s)
     knee = a100.knee_tokens * ridge
-    log(f"  step 1  A100 fit: {_fmt(a100)}")
+    log(f"  step 1  A100 fit: {a100.describe()}")
     log(f"  step 2  knee x ridge-point ratio {ridge:.4f} (FLOP/byte V100 / A100) -> {knee:.1f} tokens;"
         f" CPU terms kept (A100 host)")
     unit = _scaled(a100, 1.0, 1.0, 1.0, knee)
@@ -143,7 +143,7 @@ def derive_v100(a100: LatencyModel, log: Callable[[str], None] = print) -> Laten
     v100 = _scaled(a100, xc, xm, xd, knee)
     log(f"  step 4  base_s x {xm:.4f} and decode_seq_s, decode_ctx_s x {xd:.4f} (datasheet bandwidth"
         f" ratio {bw:.4f} for both): the 17 s is linear in the two; the 31 s by bisection")
-    log(f"  result  {_fmt(v100)}")
+    log(f"  result  {v100.describe()}")
     report_figures(rounded_model(v100), log)
     return v100
 
@@ -186,10 +186,6 @@ def explain_grad2(v100: LatencyModel, log: Callable[[str], None] = print) -> Non
     log(f"  (the paper's 0.02 s decision interval, 'the minimum decode batch execution time', vs the"
         f" model's one-sequence decode step at context 100: "
         f"{v100.iteration_s(decode_seqs=1, decode_ctx_tokens=100):.4f} s)")
-
-
-def _fmt(m: LatencyModel) -> str:
-    return ", ".join(f"{k}={v:.4g}" for k, v in vars(m).items())
 
 
 PAPER_RR_MEAN_E2E_S = 168.0

@@ -3,7 +3,8 @@
 A chunk of c tokens after q cached tokens attends to q + (c + 1) / 2 keys on average, so any
 chunking of an L-token prompt sums to L (L + 1) / 2 (query, key) pairs, as one whole prefill
 does. Chunking may only change per-iteration costs: the constant (base + CPU) per extra
-iteration and the knee, which every iteration's batch gets once. Checked on the fast engine (both
+iteration and the linear layers' price of each iteration's token count (the knee, which every
+iteration's batch gets once, GEMM tiles, token segments). Checked on the fast engine (both
 modes) and on the step-by-step reference, with a d = 1 request so that its latency is its prefill.
 """
 
@@ -56,15 +57,26 @@ def test_chunked_prefill_does_the_same_attention_work(how):
     assert chunked == pytest.approx(k * 1e-3 + 1e-8 * L * (L + 1) / 2, rel=1e-12)
 
 
+def _linear_s(lat: LatencyModel, n: int) -> float:
+    """The linear layers' cost of an n-token iteration (token curve and compute term)."""
+    return lat.tokens_s(n) + lat.compute_token_s * max(0.0, lat.tiled(n) - lat.knee_tokens)
+
+
 @pytest.mark.parametrize("how", HOW)
 @pytest.mark.parametrize("preset", ["llama2-7b-v100", "llama2-7b-a100"])
-def test_chunked_minus_unchunked_is_per_iteration_constants_only(how, preset):
+def test_chunked_minus_unchunked_is_per_iteration_costs_only(how, preset):
+    """The difference is the constant of each extra iteration and the linear layers' cost of each
+    iteration's token count (knee, tiles, token segments: one 126k-token GEMM vs 62 of 2,048);
+    the attention pairs cancel."""
     lat = get_preset(preset).latency
     k = math.ceil(L / BUDGET)   # 62 chunks, all above the knee (the last: 126000 - 61*2048 = 1072)
-    assert L - (k - 1) * BUDGET > lat.knee_tokens
+    chunks = [BUDGET] * (k - 1) + [L - (k - 1) * BUDGET]
+    assert chunks[-1] > lat.knee_tokens
     per_iteration = lat.base_s + lat.cpu_base_s + lat.cpu_seq_s   # one prompt chunk per iteration
-    # sum over chunks of max(0, c - knee) = L - k knee, versus L - knee in one iteration
-    expected = (k - 1) * per_iteration - (k - 1) * lat.knee_tokens * lat.compute_token_s
+    expected = (k - 1) * per_iteration + sum(_linear_s(lat, c) for c in chunks) - _linear_s(lat, L)
     whole, chunked = _prefill_s(lat, False, how), _prefill_s(lat, True, how)
     assert chunked - whole == pytest.approx(expected, rel=1e-9)
-    assert abs(chunked - whole) < 0.01 * whole   # the prompt's work itself is the same
+    if not lat.token_segments:
+        # one token price: sum over chunks of max(0, c - knee) = L - k knee vs L - knee at once
+        assert expected == pytest.approx((k - 1) * (per_iteration - lat.knee_tokens * lat.compute_token_s))
+        assert abs(chunked - whole) < 0.01 * whole   # the prompt's work itself is the same

@@ -24,8 +24,10 @@ from llm_lb_gym.sim.simulate import simulate
 from llm_lb_gym.workload.batch import RequestBatch
 
 # Every term of the model, with a knee low enough that prompts and large decode batches cross it,
-# GEMM tiles of 8 tokens and a small-batch decode price for batches of 1-3 (max_seqs goes to 8).
-LAT = LatencyModel(base_s=0.01, token_s=2e-5, compute_token_s=2e-4, knee_tokens=24.5, tile_tokens=8,
+# GEMM tiles of 8 tokens, a small-batch decode price for batches of 1-3 (max_seqs goes to 8) and
+# token segments that decode batches and prompts cross (a free one among them).
+LAT = LatencyModel(base_s=0.01, token_s=2e-5, token_segments=((2, 5e-5), (6, 0.0), (40, 1e-4)),
+                   compute_token_s=2e-4, knee_tokens=24.5, tile_tokens=8,
                    prefill_attn_s=1e-8, decode_seq_s=1e-4, decode_ctx_s=5e-7, decode_ctx_small_s=2e-7,
                    small_batch_seqs=3, cpu_base_s=1e-3, cpu_seq_s=3e-5)
 

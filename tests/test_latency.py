@@ -15,7 +15,8 @@ from llm_lb_gym.data import DataNotFoundError, default_data_dir
 from llm_lb_gym.sim.config import EngineConfig
 from llm_lb_gym.sim.latency import PRESETS, LatencyModel, causal_pairs, get_preset, ideal_latency_s
 
-COEFFS = [f.name for f in dataclasses.fields(LatencyModel)]
+COEFFS = [f.name for f in dataclasses.fields(LatencyModel) if f.name != "token_segments"]
+"""The scalar coefficients (``token_segments`` is a tuple of pairs, compared on its own)."""
 VIDUR = default_data_dir() / "profiling" / "vidur"
 needs_data = pytest.mark.skipif(not VIDUR.is_dir(), reason=f"profiling data absent at {VIDUR}")
 
@@ -43,16 +44,31 @@ TRUTH = LatencyModel(base_s=0.012, token_s=2.0e-5, compute_token_s=7.5e-5, knee_
 def test_fit_recovers_known_coefficients_and_knee(weighting: str) -> None:
     """Tile and knee from the grids (chunks of 300 and 330 tokens tell tiles 32, 64 and 128
     apart), the linear terms from NNLS, the small-batch price from batches 1 and 8 vs 32+."""
-    fitted = cal.fit_gpu_terms(_synthetic_points(TRUTH), weighting)
+    fitted = cal.fit_gpu_terms(_synthetic_points(TRUTH), weighting, knots=())
     assert (fitted.knee_tokens, fitted.tile_tokens, fitted.small_batch_seqs) == (200, 64, 16)
     for name in COEFFS:
         assert getattr(fitted, name) == pytest.approx(getattr(TRUTH, name), rel=1e-6, abs=1e-15), name
 
 
+SEGMENTED = dataclasses.replace(TRUTH, token_s=6.0e-5, token_segments=((16, 1.5e-5), (64, 0.0), (512, 3.0e-5)))
+
+
+@pytest.mark.parametrize("weighting", cal.WEIGHTINGS)
+def test_fit_recovers_token_segments(weighting: str) -> None:
+    """Segment prices (a zero one among them) come back at the given knots, the rest unchanged."""
+    fitted = cal.fit_gpu_terms(_synthetic_points(SEGMENTED), weighting, knots=(16, 64, 512))
+    assert (fitted.knee_tokens, fitted.tile_tokens) == (200, 64)
+    assert [k for k, _ in fitted.token_segments] == [16, 64, 512]
+    for (_, got), (_, want) in zip(fitted.token_segments, SEGMENTED.token_segments):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12)
+    for name in COEFFS:
+        assert getattr(fitted, name) == pytest.approx(getattr(SEGMENTED, name), rel=1e-6, abs=1e-12), name
+
+
 def test_minimax_bound_is_zero_when_the_formula_is_exact() -> None:
-    t, tile, knee = cal.minimax_bound(_synthetic_points(TRUTH), knee_grid=(100, 200), tile_grid=(1, 64))
+    t, tile, knee = cal.minimax_bound(_synthetic_points(TRUTH), knee_grid=(100, 200), tile_grid=(1, 64), knots=())
     assert (tile, knee) == (64, 200) and t == pytest.approx(0.0, abs=1e-7)
-    t_wrong, *_ = cal.minimax_bound(_synthetic_points(TRUTH), knee_grid=(100,), tile_grid=(1,))
+    t_wrong, *_ = cal.minimax_bound(_synthetic_points(TRUTH), knee_grid=(100,), tile_grid=(1,), knots=())
     assert t_wrong > 0.01
 
 
@@ -201,10 +217,24 @@ def calibration() -> cal.Calibration:
 # Measured by `python -m experiments.calibrate` (docs/calibration.md): per preset and regime, the
 # (median, max) |relative error| without CPU overhead and embedding, then with them.
 MEASURED = {
-    "llama2-7b-a100": {"decode": ((0.0145, 0.0234), (0.0120, 0.0218)), "prefill": ((0.0265, 0.0621), (0.0246, 0.0597))},
-    "llama3-8b-a100": {"decode": ((0.0337, 0.0558), (0.0304, 0.0474)), "prefill": ((0.0202, 0.0763), (0.0205, 0.0733))},
-    "llama2-7b-h100": {"decode": ((0.0177, 0.0290), (0.0127, 0.0247)), "prefill": ((0.0404, 0.1313), (0.0359, 0.1194))},
+    "llama2-7b-a100": {"decode": ((0.0021, 0.0098), (0.0037, 0.0092)), "prefill": ((0.0099, 0.0429), (0.0103, 0.0414))},
+    "llama3-8b-a100": {"decode": ((0.0050, 0.0142), (0.0050, 0.0171)), "prefill": ((0.0101, 0.0396), (0.0092, 0.0400))},
+    "llama2-7b-h100": {"decode": ((0.0021, 0.0102), (0.0039, 0.0105)), "prefill": ((0.0180, 0.0496), (0.0161, 0.0475))},
 }
+TARGET = (0.03, 0.08)
+"""The issue's target per regime, with and without CPU: median and max |relative error|."""
+
+
+@needs_data
+@pytest.mark.parametrize("name", cal.FITTED_PRESETS)
+def test_shipped_presets_meet_the_target(name: str) -> None:
+    """The rounded coefficients as shipped, not only the fit, within 3% median and 8% max."""
+    pts = tuple(vp.profile_step_times(*cal.PRESET_PROFILES[name]))
+    rep = cal.FitReport(name, get_preset(name).latency, pts, "relative")
+    for phase in cal.PHASES:
+        for with_cpu in (False, True):
+            median, worst = rep.summary(phase, with_cpu)
+            assert median <= TARGET[0] and worst <= TARGET[1], (phase, with_cpu, median, worst)
 
 
 @needs_data
@@ -219,8 +249,9 @@ def test_fit_error_is_the_documented_one(calibration: cal.Calibration, name: str
 
 
 # Between the profiled points (docs/calibration.md): whole prompts every 64 tokens, attention
-# interpolated; (median, max) |relative error| without CPU.
-BETWEEN = {"llama2-7b-a100": (0.030, 0.107), "llama3-8b-a100": (0.016, 0.089), "llama2-7b-h100": (0.048, 0.136)}
+# interpolated; (median, max) |relative error| without CPU, in the fit and held out (3-fold).
+BETWEEN = {"llama2-7b-a100": (0.0077, 0.0635), "llama3-8b-a100": (0.0094, 0.0661), "llama2-7b-h100": (0.0181, 0.0957)}
+BETWEEN_HELD_OUT = {"llama2-7b-a100": (0.010, 0.101)}
 
 
 @needs_data
@@ -233,11 +264,21 @@ def test_between_points_check_is_the_documented_one(name: str) -> None:
 
 
 @needs_data
+def test_held_out_between_points_are_the_documented_ones(calibration: cal.Calibration) -> None:
+    """Each between point predicted by a fit that did not see it (the figure the docs give as
+    the error at prompt sizes no profile has)."""
+    rep = calibration.fits["llama2-7b-a100"]
+    err = np.abs(cal.cross_validated_between(rep.points, rep.between, knee_grid=cal.knee_candidates("a100")))
+    assert len(err) == len(rep.between) == 63
+    assert (np.median(err), err.max()) == pytest.approx(BETWEEN_HELD_OUT["llama2-7b-a100"], abs=0.0006)
+
+
+@needs_data
 def test_no_coefficients_beat_the_bound(calibration: cal.Calibration) -> None:
     """At the fitted (tile, knee) the linear program's max error is at most the fit's."""
     rep = calibration.fits["llama2-7b-a100"]
     t, *_ = cal.minimax_bound(rep.points, knee_grid=(rep.model.knee_tokens,), tile_grid=(rep.model.tile_tokens,))
-    assert 0.03 < t <= np.abs(rep.rel_errors()).max()
+    assert 0.01 < t <= np.abs(rep.rel_errors()).max()
 
 
 @needs_data
@@ -254,16 +295,16 @@ def test_profile_points_cover_the_regimes(calibration: cal.Calibration) -> None:
 
 @needs_data
 @pytest.mark.parametrize("name", ["llama2-7b-a100"])
-def test_relative_weighting_beats_absolute_on_the_worse_regime(calibration: cal.Calibration, name: str) -> None:
-    """Absolute error favours the 100-350 ms prefills; the decode steps that make up almost all
-    of a simulation's iterations pay for it. On the one preset whose attention was profiled as
-    is, relative error has the lower worst-regime median and the lower max (on the transferred
-    ones the comparison is mixed: docs/calibration.md)."""
+def test_relative_weighting_beats_absolute_on_the_max(calibration: cal.Calibration, name: str) -> None:
+    """Absolute error favours the 100-350 ms prefills; the 10 ms decode steps that make up almost
+    all of a simulation's iterations pay for it. On the one preset whose attention was profiled
+    as is, relative error has the lower max over all points and over the decode steps (the
+    prefill median is lower with absolute error: 0.7% vs 1.0%, docs/calibration.md)."""
     rep = calibration.fits[name]
-    alt = cal.FitReport(name, cal.fit_gpu_terms(rep.points, "absolute"), rep.points, "absolute")
-    worst = lambda r: max(r.summary(ph)[0] for ph in cal.PHASES)  # noqa: E731
-    assert worst(rep) < worst(alt)
+    alt = cal.FitReport(name, cal.fit_gpu_terms(rep.points, "absolute", cal.knee_candidates("a100"),
+                                                between=rep.between), rep.points, "absolute")
     assert np.abs(rep.rel_errors()).max() < np.abs(alt.rel_errors()).max()
+    assert rep.summary("decode")[1] < alt.summary("decode")[1]
 
 
 @needs_data
@@ -274,6 +315,9 @@ def test_presets_are_the_calibrated_coefficients(calibration: cal.Calibration) -
         preset = get_preset(name).latency
         for c in COEFFS:
             assert getattr(preset, c) == pytest.approx(getattr(model, c), rel=1e-3), (name, c)
+        assert [k for k, _ in preset.token_segments] == [k for k, _ in model.token_segments], name
+        for (k, got), (_, want) in zip(preset.token_segments, model.token_segments):
+            assert got == pytest.approx(want, rel=1e-3, abs=1e-12), (name, k)
 
 
 # --- presets and the model ---------------------------------------------------------------

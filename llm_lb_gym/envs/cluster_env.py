@@ -115,6 +115,11 @@ class LLMClusterEnv(gym.Env):
       with them. The default (V100) preset and every result on it are unchanged, bit for bit;
       settings on the refitted presets (mixed A100/V100 clusters, ``engine=a100_*``/``h100_*``)
       move by about 1% (``docs/heterogeneous.md`` was re-measured).
+    - v0 (package 0.4): a token price per octave of batched tokens (``token_segments``) and the
+      A100, Llama-3 A100 and H100 presets refitted with it (within 1% median / 5% max of the
+      profiles). The default (V100) preset, the catalog and every result on them are unchanged,
+      bit for bit; settings on the refitted presets move (``docs/heterogeneous.md`` and the
+      capacities in ``docs/reproduction.md`` were re-measured).
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly

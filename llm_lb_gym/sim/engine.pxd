@@ -10,8 +10,8 @@ cdef class Engine:
     cdef public long G, used, _used_G, peak_used, B, S_at, G_S, admit_counter
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
-    cdef public long _st_G0, tile
-    cdef public double c0, ct, cc, knee, ca, cps, cds, t, _g_fin_end, _g_ex, committed_tokens
+    cdef public long _st_G0, tile, seg_k
+    cdef public double seg_s, c0, ct, cc, knee, ca, cps, cds, t, _g_fin_end, _g_ex, committed_tokens
     cdef public long H, hb, ev_blocks, pc_tokens, pc_hit_tokens, pc_re_tokens, pc_re_hit_tokens
     cdef public long pc_evictions
     cdef public bint pc
@@ -23,7 +23,7 @@ cdef class Engine:
     cdef public object table, scheduler, _sort_key, latency
     cdef public bint _skip_unfit
     cdef public dict running
-    cdef public list dec_a, dec_c
+    cdef public list dec_a, dec_c, seg_tab
     cdef public list preempted_q, waiting_q, prefilling, fin_heap, phase_cnt
     cdef public list prompt_counts, decode_counts, sat_heap
 
@@ -82,7 +82,7 @@ cdef class Engine:
     cpdef _complete_prefill(self, long rid, double end)
     @cython.locals(s=double, toks=long, pairs=long, L=long, end=double, q=long)
     cpdef _prefill_iteration(self, list admitted)
-    @cython.locals(over=double)
+    @cython.locals(over=double, lin=double)
     cpdef double _batch_s(self, long n, long pairs, long nseq)
     @cython.locals(ph=long, bs=long)
     cpdef _grow_blocks(self)

@@ -51,6 +51,12 @@ class Engine:
         self.c0 = lat.base_s + lat.cpu_base_s
         self.ct, self.cc, self.knee = lat.token_s, lat.compute_token_s, lat.knee_tokens
         self.tile = lat.tile_tokens
+        # The per-token linear-layer cost with token segments (LatencyModel.tokens_s), tabulated up
+        # to the last segment's start; past it the last price runs on. seg_k 0: token_s * n.
+        segs = lat.token_segments
+        self.seg_k = segs[-1][0] if segs else 0
+        self.seg_s = segs[-1][1] if segs else 0.0
+        self.seg_tab = [lat.tokens_s(n) for n in range(self.seg_k + 1)] if segs else []
         self.ca, self.cps = lat.prefill_attn_s, lat.cpu_seq_s
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.cds = lat.decode_seq_s
@@ -754,7 +760,13 @@ class Engine:
         # LatencyModel.tiled, inlined: a method call per iteration costs more than the arithmetic
         # (tests/test_engine_vs_reference.py holds the two equal with tiles on).
         over = (n if self.tile == 1 else -(-n // self.tile) * self.tile) - self.knee
-        return (self.c0 + self.ct * n + (self.cc * over if over > 0.0 else 0.0)
+        if self.seg_k == 0:
+            lin = self.ct * n
+        elif n <= self.seg_k:
+            lin = self.seg_tab[n]
+        else:   # LatencyModel.tokens_s past the last start: its cost there plus the last price
+            lin = self.seg_tab[self.seg_k] + self.seg_s * (n - self.seg_k)
+        return (self.c0 + lin + (self.cc * over if over > 0.0 else 0.0)
                 + self.ca * pairs + self.cps * nseq)
 
     def _grow_blocks(self) -> None:

@@ -3,7 +3,7 @@
 An iteration (one forward pass of the batch) costs, in seconds,
 
     t = base_s                                     # weight-read floor of the linear layers, launches
-      + token_s * N                                # per batched token, below and above the knee
+      + tokens_s(N)                                # per batched token: token_s * N, or by segments
       + compute_token_s * max(0, ceil(N / tile_tokens) * tile_tokens - knee_tokens)
                                                    # compute-bound linear layers past the roofline knee
       + prefill_attn_s * pairs                     # prefill attention per causal (query, key) pair
@@ -11,7 +11,9 @@ An iteration (one forward pass of the batch) costs, in seconds,
       + cpu_base_s + cpu_seq_s * n_seqs            # CPU overhead (left out with engine.cpu_overhead=False)
 
 where decode_ctx_s(B) = decode_ctx_s + decode_ctx_small_s if 0 < B <= small_batch_seqs, else
-decode_ctx_s.
+decode_ctx_s, and tokens_s(N) = token_s * N without ``token_segments``; with segments
+((k_1, s_1), ..., (k_m, s_m)) the tokens below k_1 cost token_s each, those from k_j up to k_{j+1}
+cost s_j each (a monotone piecewise-linear curve through the origin, :meth:`LatencyModel.tokens_s`).
 
 with N = tokens batched (prompt or chunk tokens computed + decode sequences), B = decode
 sequences, S = the sum of their context lengths, n_seqs = sequences in the batch (prompts or
@@ -23,7 +25,9 @@ Why this shape: the linear layers read all weights once per iteration whatever t
 flat floor ``base_s`` up to a few hundred tokens, the profiles' roofline knee), then become
 compute bound (``compute_token_s`` per token past ``knee_tokens``), on whole GEMM tiles of
 ``tile_tokens`` rows (a 224-token prefill runs the tiles of 256: the profiles' linear layers are a
-staircase in N); prefill attention is quadratic in the prompt; decode attention reads each
+staircase in N); their price per token is not one constant either side of the knee (``token_segments``:
+Llama-3-8B on A100 takes 9.70 ms at 1 token, 10.13 at 16, 10.91 at 32, 11.23 at 64, concave, and
+H100's linear layers are concave over 128-512 tokens, which a knee can only make steeper); prefill attention is quadratic in the prompt; decode attention reads each
 sequence's KV cache (``decode_ctx_s`` per context token) with a per-sequence cost, and small
 batches read it less efficiently (``decode_ctx_small_s`` more per token up to
 ``small_batch_seqs`` sequences: with fewer than about 512 sequence-heads the decode kernel splits
@@ -40,7 +44,7 @@ Presets: coefficients per (model, GPU). Their source and fit error are printed b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -63,7 +67,12 @@ class LatencyModel:
     base_s: float
     """Constant per iteration (> 0): weight reads of the linear layers, kernel launches."""
     token_s: float = 0.0
-    """Per batched token N (prompt/chunk tokens + decode sequences), at any N."""
+    """Per batched token N (prompt/chunk tokens + decode sequences): at any N without
+    ``token_segments``, below the first segment's start with them."""
+    token_segments: tuple[tuple[int, float], ...] = ()
+    """((from_tokens, per_token_s), ...), starts increasing and > 0: the batched tokens from each
+    start up to the next cost ``per_token_s`` each instead of ``token_s`` (the last segment runs
+    on). Empty: ``token_s`` for every token. Prices are >= 0, so more tokens never cost less."""
     compute_token_s: float = 0.0
     """Per batched token beyond ``knee_tokens``: the compute-bound linear layers."""
     knee_tokens: float = 0.0
@@ -94,6 +103,15 @@ class LatencyModel:
         check_int("latency.tile_tokens", self.tile_tokens, 1)
         check_int("latency.small_batch_seqs", self.small_batch_seqs, 0)
         check_range("latency.decode_ctx_small_s", self.decode_ctx_small_s, 0.0)
+        object.__setattr__(self, "token_segments", _segments(self.token_segments))
+
+    def describe(self) -> str:
+        """``name=value, ...`` of every field, 4 significant digits (what the calibration prints)."""
+        def one(v):
+            if isinstance(v, tuple):
+                return "(" + ", ".join(f"({k}, {p:.4g})" for k, p in v) + ")"
+            return f"{v:.4g}"
+        return ", ".join(f"{f.name}={one(getattr(self, f.name))}" for f in fields(self))
 
     def without_cpu(self) -> "LatencyModel":
         """The same GPU terms with the CPU overhead left out (``engine.cpu_overhead=False``)."""
@@ -109,10 +127,35 @@ class LatencyModel:
         n = prefill_tokens + decode_seqs
         over = self.tiled(n) - self.knee_tokens   # tokens past the knee; arrays too (vectorised callers)
         over = np.maximum(over, 0.0) if isinstance(over, np.ndarray) else max(0.0, over)
-        return (self.base_s + self.token_s * n + self.compute_token_s * over
+        return (self.base_s + self.tokens_s(n) + self.compute_token_s * over
                 + self.prefill_attn_s * prefill_attn_pairs
                 + self.decode_seq_s * decode_seqs + self.decode_ctx_at(decode_seqs) * decode_ctx_tokens
                 + self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs))
+
+    def tokens_s(self, tokens):
+        """The per-token part of the linear layers for ``tokens`` batched tokens (scalars or
+        arrays): ``token_s * tokens``, or the sum over ``token_segments`` of each segment's tokens
+        times its price. Why one method: the engine tabulates it (``engine.py``), the reference,
+        the ideal latency and the calibration call it, so all read the same curve."""
+        if not self.token_segments:
+            return self.token_s * tokens
+        starts, prices, cum = self._segment_table()
+        if isinstance(tokens, np.ndarray):
+            j = np.maximum(np.searchsorted(starts, tokens, side="right") - 1, 0)
+            return np.asarray(cum)[j] + np.asarray(prices)[j] * (tokens - np.asarray(starts)[j])
+        j = 0
+        while j + 1 < len(starts) and tokens >= starts[j + 1]:
+            j += 1
+        return cum[j] + prices[j] * (tokens - starts[j])
+
+    def _segment_table(self) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+        """(starts, prices, cost at each start) of the token curve, the first segment at 0."""
+        starts = (0,) + tuple(k for k, _ in self.token_segments)
+        prices = (self.token_s,) + tuple(p for _, p in self.token_segments)
+        cum = [0.0]
+        for j in range(1, len(starts)):
+            cum.append(cum[-1] + prices[j - 1] * (starts[j] - starts[j - 1]))
+        return starts, prices, tuple(cum)
 
     def tiled(self, tokens):
         """Batched tokens as the GEMMs run them: rounded up to whole tiles of ``tile_tokens``.
@@ -137,7 +180,11 @@ class LatencyModel:
         """Everything of a decode-only iteration of B sequences but ``decode_ctx_at(B) * S``: the
         part that stays constant through a decode stretch (the engine tabulates it per B)."""
         b = decode_seqs
-        return (self.base_s + self.cpu_base_s + (self.token_s + self.decode_seq_s + self.cpu_seq_s) * b
+        # Without segments the per-sequence prices are summed first, as before segments existed,
+        # so that such presets (the default V100 one) keep their results bit for bit.
+        per_seq = (self.token_s + self.decode_seq_s + self.cpu_seq_s) * b if not self.token_segments \
+            else self.tokens_s(b) + (self.decode_seq_s + self.cpu_seq_s) * b
+        return (self.base_s + self.cpu_base_s + per_seq
                 + self.compute_token_s * max(0.0, self.tiled(b) - self.knee_tokens))
 
     def prefill_s(self, prompt_tokens: int) -> float:
@@ -153,6 +200,24 @@ class LatencyModel:
         k = max(int(decode_tokens) - 1, 0)
         ctx_sum = k * (prompt_tokens + 1) + k * (k - 1) // 2
         return self.prefill_s(prompt_tokens) + k * self.decode_const_s(1) + self.decode_ctx_at(1) * ctx_sum
+
+
+def _segments(value) -> tuple[tuple[int, float], ...]:
+    """``token_segments`` checked and made a tuple of (int, float) pairs (configs give lists)."""
+    name = "latency.token_segments"
+    try:
+        pairs = [tuple(seg) for seg in value]
+    except TypeError:
+        raise ConfigError(f"{name}={value!r} must be a list of [from_tokens, per_token_s] pairs") from None
+    out, last = [], 0
+    for i, seg in enumerate(pairs):
+        if len(seg) != 2:
+            raise ConfigError(f"{name}[{i}]={list(seg)!r} must be a pair [from_tokens, per_token_s]")
+        check_int(f"{name}[{i}] from_tokens", seg[0], last + 1)
+        check_range(f"{name}[{i}] per_token_s", seg[1], 0.0)
+        out.append((int(seg[0]), float(seg[1])))
+        last = int(seg[0])
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -250,7 +315,9 @@ def get_preset(name: str) -> HardwarePreset:
 
 
 _VIDUR = "Vidur (microsoft/vidur, MIT) vLLM kernel profiles in shared/data/profiling/vidur"
-_FIT = ("GEMM tile and knee (up to 2x the ridge point) by grid search, the other GPU terms by non-negative least squares on relative error; "
+_FIT = ("GEMM tile and knee (up to 2x the ridge point) by grid search, the other GPU terms (a token price per "
+        "octave among them) by non-negative least squares on relative error over the profiled shapes and whole "
+        "prompts every 64 tokens; "
         "CPU terms: line through Vidur's A100-host CPU overheads (Llama-2-7B TP1); "
         "experiments/calibrate.py, docs/calibration.md")
 _CPU = dict(cpu_base_s=9.433e-4, cpu_seq_s=4.918e-5)
@@ -267,23 +334,32 @@ register_preset(HardwarePreset(
 ))
 register_preset(HardwarePreset(
     "llama2-7b-a100", "llama2-7b", "a100",
-    LatencyModel(base_s=0.009628, token_s=2.774e-5, compute_token_s=4.56e-5, knee_tokens=207.0, tile_tokens=128,
-                 prefill_attn_s=4.091e-9, decode_seq_s=0.0, decode_ctx_s=2.855e-7, decode_ctx_small_s=8.766e-8,
+    LatencyModel(base_s=0.009502, token_s=5.661e-5,
+                 token_segments=((16, 3.371e-5), (32, 0.0), (64, 3.524e-5), (128, 5.458e-5), (256, 2.757e-5),
+                                 (512, 2.696e-5), (1024, 3.092e-5), (2048, 3.704e-5)),
+                 compute_token_s=4.351e-5, knee_tokens=306.0, tile_tokens=128,
+                 prefill_attn_s=4.395e-9, decode_seq_s=0.0, decode_ctx_s=2.84e-7, decode_ctx_small_s=8.269e-8,
                  small_batch_seqs=16, **_CPU),
     source=f"{_VIDUR}: a100 Llama-2-7b-hf mlp.csv, attention medians, CPU overheads; {_FIT}",
 ))
 register_preset(HardwarePreset(
     "llama3-8b-a100", "llama3-8b", "a100",
-    LatencyModel(base_s=0.01025, token_s=3.005e-5, compute_token_s=4.803e-5, knee_tokens=223.0, tile_tokens=128,
-                 prefill_attn_s=4.346e-9, decode_seq_s=1.098e-5, decode_ctx_s=7.417e-8, decode_ctx_small_s=3.263e-8,
+    LatencyModel(base_s=0.009845, token_s=1.297e-4,
+                 token_segments=((16, 3.363e-5), (32, 0.0), (64, 2.541e-5), (128, 5.758e-5), (256, 2.352e-5),
+                                 (512, 4.745e-5), (1024, 3.502e-5), (2048, 4.072e-5)),
+                 compute_token_s=3.96e-5, knee_tokens=251.0, tile_tokens=128,
+                 prefill_attn_s=4.655e-9, decode_seq_s=0.0, decode_ctx_s=7.011e-8, decode_ctx_small_s=1.813e-8,
                  small_batch_seqs=16, **_CPU),
     source=(f"{_VIDUR}: a100 Meta-Llama-3-8B mlp.csv; attention from Llama-2-7B's A100 medians "
             f"(decode KV-read part x 8/32 KV heads); {_FIT}"),
 ))
 register_preset(HardwarePreset(
     "llama2-7b-h100", "llama2-7b", "h100",
-    LatencyModel(base_s=0.005734, token_s=1.054e-5, compute_token_s=1.248e-5, knee_tokens=357.0, tile_tokens=128,
-                 prefill_attn_s=1.174e-9, decode_seq_s=6.924e-6, decode_ctx_s=1.75e-7, decode_ctx_small_s=6.101e-8,
+    LatencyModel(base_s=0.00573, token_s=4.019e-5,
+                 token_segments=((16, 1.704e-5), (32, 0.0), (64, 4.94e-7), (128, 2.444e-5), (256, 1.302e-5),
+                                 (512, 1.23e-5), (1024, 1.113e-5), (2048, 1.721e-5)),
+                 compute_token_s=1.04e-5, knee_tokens=503.0, tile_tokens=256,
+                 prefill_attn_s=1.194e-9, decode_seq_s=0.0, decode_ctx_s=1.727e-7, decode_ctx_small_s=5.043e-8,
                  small_batch_seqs=16, **_CPU),
     source=(f"{_VIDUR}: h100 Llama-2-7b-hf mlp.csv; attention from A100 medians (prefill x 312/989.4 "
             f"TFLOPS, decode x 2039/3352 GB/s); A100-host CPU overheads; {_FIT}"),
@@ -296,7 +372,7 @@ def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decod
     p = np.asarray(prompt_tokens, np.float64)
     k = np.maximum(np.asarray(pred_decode_tokens, np.float64) - 1.0, 0.0)
     lat = latency
-    prefill = (lat.base_s + lat.cpu_base_s + lat.cpu_seq_s + lat.token_s * p
+    prefill = (lat.base_s + lat.cpu_base_s + lat.cpu_seq_s + lat.tokens_s(p)
                + lat.compute_token_s * np.maximum(lat.tiled(p) - lat.knee_tokens, 0.0)
                + lat.prefill_attn_s * p * (p + 1.0) / 2.0)
     decode = k * lat.decode_const_s(1) + lat.decode_ctx_at(1) * (k * (p + 1) + k * (k - 1) / 2)
