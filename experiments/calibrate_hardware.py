@@ -327,7 +327,7 @@ def print_preset_table(log: Callable[[str], None] = print) -> None:
         if f:
             dec = rl.contract_step_s(f, tokens=1, decode_seqs=1, decode_ctx_tokens=1024)
             pre = rl.contract_step_s(f, tokens=1024, pairs=1024 * 1025 // 2, num_seqs=1)
-        else:   # hand-set presets: today's 5-term model
+        else:   # hand-set presets: their own LatencyModel
             dec = p.latency.iteration_s(0, 0, 1, 1024)
             pre = p.latency.prefill_s(1024)
         log(f"  {name:<30}{blocks:>10}{dec * 1e3:>21.2f}{pre * 1e3:>15.1f}")
