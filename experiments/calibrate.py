@@ -2,12 +2,13 @@
 
 Why: the simulator's latencies are only as good as its coefficients. ``vidur_profiles.py``
 rebuilds vLLM step times from Vidur's per-operator profiles; this script fits the
-:class:`~llm_lb_gym.sim.latency.LatencyModel` GPU terms to them (the roofline knee by a 1-D
-search, the linear terms by non-negative least squares at each knee), the CPU terms to Vidur's
-CPU-overhead table, and prints every point's error and, per regime (decode batch 1-64 x context
-512-2,048; prefill chunks of 128-4,096 tokens), the median and max relative error without CPU
-overhead and embedding (the GPU terms against Vidur's GPU sum) and with them (the whole model
-against GPU + embedding + CPU). The V100 preset has no profile: ``paper_v100.py`` fits it to the
+:class:`~llm_lb_gym.sim.latency.LatencyModel` GPU terms to them (GEMM tile and roofline knee
+by a grid search, the linear terms, a token price per octave among them, by non-negative least
+squares at each), the CPU terms to Vidur's CPU-overhead table, and prints every point's error
+and, per regime (decode batch 1-64 x context 512-2,048; prefill chunks of 128-4,096 tokens), the
+median and max relative error without CPU overhead and embedding (the GPU terms against Vidur's
+GPU sum) and with them (the whole model against GPU + embedding + CPU), and the error at whole
+prompts every 64 tokens between the profiled shapes, in the fit and held out. The V100 preset has no profile: ``paper_v100.py`` fits it to the
 paper's three figures (grad1, 17 s, 31 s).
 
 Run: ``python -m experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W] [--bound]``.

@@ -84,6 +84,40 @@ def test_fit_rejects_unknown_weighting() -> None:
         cal.fit_gpu_terms([], "squared")
 
 
+def test_token_segments_by_hand() -> None:
+    """Tokens below 4 cost token_s, 4-9 cost 0.1, from 10 on 0.3 (a free segment would be 0)."""
+    lat = LatencyModel(base_s=1.0, token_s=0.5, token_segments=((4, 0.1), (10, 0.3)))
+    assert [lat.tokens_s(n) for n in (0, 3, 4, 7, 10, 15)] == pytest.approx([0, 1.5, 2.0, 2.3, 2.6, 4.1])
+    assert lat.tokens_s(np.array([0, 3, 4, 7, 10, 15])) == pytest.approx([0, 1.5, 2.0, 2.3, 2.6, 4.1])
+    # 1 + 2.3 (7 tokens) + one sequence, no CPU terms
+    assert lat.iteration_s(7, 0, prefill_seqs=1) == pytest.approx(3.3)
+    assert lat.decode_const_s(12) == pytest.approx(1 + 2.6 + 0.3 * 2)
+    assert lat.tokens_table(40) == [lat.tokens_s(n) for n in range(41)]   # bit for bit
+    # without segments: token_s per token, and the same floats as before the field existed
+    plain = LatencyModel(base_s=1.0, token_s=0.5, decode_seq_s=0.25, cpu_seq_s=0.05)
+    assert plain.decode_const_s(3) == 1.0 + (0.5 + 0.25 + 0.05) * 3
+
+
+@pytest.mark.parametrize("segments, match", [
+    (((4, 0.1), (4, 0.2)), r"token_segments\[1\] from_tokens=4 .*\[5, inf"),
+    (((0, 0.1),), r"token_segments\[0\] from_tokens=0 .*\[1, inf"),
+    (((4, -0.1),), r"token_segments\[0\] per_token_s=-0.1"),
+    (((4.5, 0.1),), r"token_segments\[0\] from_tokens=4.5 must be an integer"),
+    (((4, 0.1, 2),), r"token_segments\[0\]=\[4, 0.1, 2\] must be a pair"),
+    (7, r"token_segments=7 must be a list of \[from_tokens, per_token_s\] pairs"),
+])
+def test_bad_token_segments_are_rejected_naming_the_entry(segments, match) -> None:
+    with pytest.raises(ConfigError, match=match):
+        LatencyModel(base_s=1.0, token_segments=segments)
+
+
+def test_token_segments_from_a_config_become_tuples() -> None:
+    """Hydra gives lists of lists; the model (and its hash) takes tuples."""
+    cfg = EngineConfig(latency={"base_s": 0.01, "token_s": 1e-5, "token_segments": [[16, 2e-5], [64, 0.0]]})
+    assert cfg.latency.token_segments == ((16, 2e-5), (64, 0.0))
+    hash(cfg.latency)
+
+
 def test_iteration_time_by_hand() -> None:
     lat = LatencyModel(base_s=1.0, token_s=0.5, compute_token_s=2.0, knee_tokens=10, prefill_attn_s=0.01,
                        decode_seq_s=0.25, decode_ctx_s=0.001, cpu_base_s=0.3, cpu_seq_s=0.05)

@@ -56,7 +56,7 @@ class Engine:
         segs = lat.token_segments
         self.seg_k = segs[-1][0] if segs else 0
         self.seg_s = segs[-1][1] if segs else 0.0
-        self.seg_tab = [lat.tokens_s(n) for n in range(self.seg_k + 1)] if segs else []
+        self.seg_tab = lat.tokens_table(self.seg_k) if segs else []
         self.ca, self.cps = lat.prefill_attn_s, lat.cpu_seq_s
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.cds = lat.decode_seq_s

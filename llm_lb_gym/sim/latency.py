@@ -44,6 +44,7 @@ Presets: coefficients per (model, GPU). Their source and fit error are printed b
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -148,14 +149,14 @@ class LatencyModel:
             j += 1
         return cum[j] + prices[j] * (tokens - starts[j])
 
+    def tokens_table(self, max_tokens: int) -> list[float]:
+        """``[tokens_s(n) for n in 0..max_tokens]``, computed at once (equal element by element:
+        the same float operations; the engines build it at every reset)."""
+        return self.tokens_s(np.arange(max_tokens + 1)).tolist()
+
     def _segment_table(self) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
         """(starts, prices, cost at each start) of the token curve, the first segment at 0."""
-        starts = (0,) + tuple(k for k, _ in self.token_segments)
-        prices = (self.token_s,) + tuple(p for _, p in self.token_segments)
-        cum = [0.0]
-        for j in range(1, len(starts)):
-            cum.append(cum[-1] + prices[j - 1] * (starts[j] - starts[j - 1]))
-        return starts, prices, tuple(cum)
+        return _segment_table(self.token_s, self.token_segments)
 
     def tiled(self, tokens):
         """Batched tokens as the GEMMs run them: rounded up to whole tiles of ``tile_tokens``.
@@ -200,6 +201,18 @@ class LatencyModel:
         k = max(int(decode_tokens) - 1, 0)
         ctx_sum = k * (prompt_tokens + 1) + k * (k - 1) // 2
         return self.prefill_s(prompt_tokens) + k * self.decode_const_s(1) + self.decode_ctx_at(1) * ctx_sum
+
+
+@functools.lru_cache(maxsize=64)
+def _segment_table(token_s: float, segments: tuple[tuple[int, float], ...]
+                   ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+    """Cached: the engines tabulate ``tokens_s`` per batch size at every reset."""
+    starts = (0,) + tuple(k for k, _ in segments)
+    prices = (token_s,) + tuple(p for _, p in segments)
+    cum = [0.0]
+    for j in range(1, len(starts)):
+        cum.append(cum[-1] + prices[j - 1] * (starts[j] - starts[j - 1]))
+    return starts, prices, tuple(cum)
 
 
 def _segments(value) -> tuple[tuple[int, float], ...]:
