@@ -98,6 +98,18 @@ def test_token_segments_by_hand() -> None:
     assert plain.decode_const_s(3) == 1.0 + (0.5 + 0.25 + 0.05) * 3
 
 
+def test_engine_tables_equal_the_scalar_model_bit_for_bit() -> None:
+    """The engines tabulate decode constants, decode prices and the token curve at once; every
+    shipped preset (catalog too, with and without CPU) gets exactly the per-element floats."""
+    import llm_lb_gym.sim.catalog  # noqa: F401  (registers the catalog presets)
+
+    for name, preset in PRESETS.items():
+        for lat in (preset.latency, preset.latency.without_cpu()):
+            assert lat.decode_const_table(300) == [lat.decode_const_s(b) for b in range(301)], name
+            assert lat.decode_ctx_table(300) == [lat.decode_ctx_at(b) for b in range(301)], name
+            assert lat.tokens_table(2100) == [lat.tokens_s(n) for n in range(2101)], name
+
+
 @pytest.mark.parametrize("segments, match", [
     (((4, 0.1), (4, 0.2)), r"token_segments\[1\] from_tokens=4 .*\[5, inf"),
     (((0, 0.1),), r"token_segments\[0\] from_tokens=0 .*\[1, inf"),

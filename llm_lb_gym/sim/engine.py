@@ -61,8 +61,8 @@ class Engine:
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.cds = lat.decode_seq_s
         # Decode iteration of B sequences = dec_a[B] + dec_c[B] * S: the parts fixed by B, per B.
-        self.dec_a = [lat.decode_const_s(b) for b in range(cfg.max_num_seqs + 1)]
-        self.dec_c = [lat.decode_ctx_at(b) for b in range(cfg.max_num_seqs + 1)]
+        self.dec_a = lat.decode_const_table(cfg.max_num_seqs)
+        self.dec_c = lat.decode_ctx_table(cfg.max_num_seqs)
         self.bs = cfg.block_size
         self.total_blocks = cfg.total_blocks
         self.watermark = cfg.watermark_blocks

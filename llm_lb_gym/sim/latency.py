@@ -177,16 +177,27 @@ class LatencyModel:
             return self.decode_ctx_s + self.decode_ctx_small_s
         return self.decode_ctx_s
 
-    def decode_const_s(self, decode_seqs: int) -> float:
+    def decode_const_s(self, decode_seqs):
         """Everything of a decode-only iteration of B sequences but ``decode_ctx_at(B) * S``: the
-        part that stays constant through a decode stretch (the engine tabulates it per B)."""
+        part that stays constant through a decode stretch (the engine tabulates it per B).
+        Scalars or arrays of B."""
         b = decode_seqs
         # Without segments the per-sequence prices are summed first, as before segments existed,
         # so that such presets (the default V100 one) keep their results bit for bit.
         per_seq = (self.token_s + self.decode_seq_s + self.cpu_seq_s) * b if not self.token_segments \
             else self.tokens_s(b) + (self.decode_seq_s + self.cpu_seq_s) * b
-        return (self.base_s + self.cpu_base_s + per_seq
-                + self.compute_token_s * max(0.0, self.tiled(b) - self.knee_tokens))
+        over = self.tiled(b) - self.knee_tokens
+        over = np.maximum(over, 0.0) if isinstance(over, np.ndarray) else max(0.0, over)
+        return self.base_s + self.cpu_base_s + per_seq + self.compute_token_s * over
+
+    def decode_const_table(self, max_seqs: int) -> list[float]:
+        """``[decode_const_s(b) for b in 0..max_seqs]``, computed at once (equal element by
+        element: the same float operations; the engines build it at every reset)."""
+        return self.decode_const_s(np.arange(max_seqs + 1)).tolist()
+
+    def decode_ctx_table(self, max_seqs: int) -> list[float]:
+        """``[decode_ctx_at(b) for b in 0..max_seqs]``, as :meth:`decode_const_table`."""
+        return self.decode_ctx_at(np.arange(max_seqs + 1)).tolist()
 
     def prefill_s(self, prompt_tokens: int) -> float:
         """A prefill-only iteration of one whole prompt."""
