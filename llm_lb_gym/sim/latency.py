@@ -140,7 +140,7 @@ class LatencyModel:
         the ideal latency and the calibration call it, so all read the same curve."""
         if not self.token_segments:
             return self.token_s * tokens
-        starts, prices, cum = self._segment_table()
+        starts, prices, cum = _segment_table(self.token_s, self.token_segments)
         if isinstance(tokens, np.ndarray):
             j = np.maximum(np.searchsorted(starts, tokens, side="right") - 1, 0)
             return np.asarray(cum)[j] + np.asarray(prices)[j] * (tokens - np.asarray(starts)[j])
@@ -153,10 +153,6 @@ class LatencyModel:
         """``[tokens_s(n) for n in 0..max_tokens]``, computed at once (equal element by element:
         the same float operations; the engines build it at every reset)."""
         return self.tokens_s(np.arange(max_tokens + 1)).tolist()
-
-    def _segment_table(self) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
-        """(starts, prices, cost at each start) of the token curve, the first segment at 0."""
-        return _segment_table(self.token_s, self.token_segments)
 
     def tiled(self, tokens):
         """Batched tokens as the GEMMs run them: rounded up to whole tiles of ``tile_tokens``.
