@@ -23,5 +23,6 @@ def make_env_router(name: str, env, **options):
         router = make_router(name, **options)
         ob = env.obs_builder
         return router.attach(env.workload, env.predictor, ob.prompt_scheme, ob.decode_scheme,
-                             base_router=make_env_router(router.options.base, env))
+                             base_router=make_env_router(router.options.base, env,
+                                                         **dict(router.options.base_options)))
     return make_router(name, **options)

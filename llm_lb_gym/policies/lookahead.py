@@ -5,7 +5,8 @@ instance ``i``, or defer it one decision interval (with ``candidates=k > 1`` als
 the ``k - 1`` other queued requests of shortest predicted ideal latency to each instance). For
 every candidate it copies the cluster (``copy_cluster``), applies the action, and simulates
 ``horizon_s`` seconds ahead with a base heuristic (``base``) deciding on the decision grid
-``k * decision_interval_s`` exactly as the env and ``drive.run_router`` do: after a route the
+``k * decision_interval_s`` (with its own options, ``base_options``: e.g. the setting's
+tuned ``late_binding``) exactly as the env and ``drive.run_router`` do: after a route the
 next decision is at the same time while requests wait, a deferral waits one interval, an empty
 queue waits for the first grid point at or after the next arrival.
 
@@ -66,24 +67,19 @@ with ``horizon_s`` and the arrival rate.
 
 from __future__ import annotations
 
-import copyreg
-import io
 import math
-import pickle
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
-from ..sim.request import RequestTable, Status
+from ..sim.request import Status
 from .base import RouterBase
 from .drive import decide
-
-_REJECTED = int(Status.REJECTED)
-SCORES = ("window", "drain")
-# Decision times are k * interval; a cluster time meant to be a grid point may sit a few ulps off.
-_GRID_SLACK = 1e-9
+from .improve import (SCORES, ImprovementOptions, RolloutImprovement, copy_cluster,  # noqa: F401
+                      drain, in_system_integral, rollout)
 
 
 @dataclass(frozen=True)
@@ -93,6 +89,8 @@ class LookaheadOptions:
     score; with ``score="drain"`` the requests arriving within it are followed to the end)."""
     base: str = "least_requests"
     """Registered router that decides inside the rollouts (any but ``lookahead``)."""
+    base_options: Mapping[str, Any] = field(default_factory=dict)
+    """The base router's own options (e.g. the setting's tuned ``late_binding`` options)."""
     see_future: bool = False
     """False: future arrivals and unrouted requests' lengths come from the workload model and
     the predictor (deployable). True: the rollout sees the real future (clairvoyant)."""
@@ -123,125 +121,31 @@ class LookaheadOptions:
         if not isinstance(self.see_future, (bool, np.bool_)):
             raise ConfigError(f"router.lookahead.see_future={self.see_future!r} must be a bool; "
                               "allowed: True, False")
-        from .registry import ROUTERS   # the registry imports this module
+        from .registry import ROUTERS, make_router   # the registry imports this module
 
         allowed = [n for n in ROUTERS if n != "lookahead"]
         if self.base not in allowed:
             raise ConfigError(f"router.lookahead.base={self.base!r} is not valid; "
                               f"allowed: {', '.join(allowed)}")
+        if not isinstance(self.base_options, Mapping):
+            raise ConfigError(f"router.lookahead.base_options={self.base_options!r} must be a "
+                              f"mapping of {self.base!r}'s options")
+        make_router(self.base, **dict(self.base_options))   # names a bad option or value
 
-
-# --------------------------------------------------------------------------- cluster copies
-def _stub_table(table: RequestTable):
-    return (RequestTable.__new__, (RequestTable,))
-
-
-_DISPATCH = copyreg.dispatch_table.copy()
-_DISPATCH[RequestTable] = _stub_table
-
-
-def copy_cluster(cluster):
-    """An independent copy of ``cluster`` (same as a pickle round trip, ~5x cheaper).
-
-    The request table is most of a cluster's pickle, and its columns are lists of immutable
-    numbers: the pickle stores an empty table in its place (one object, shared by the copy's
-    cluster and engines through the pickle memo), then the columns are copied by slicing.
-    """
-    buf = io.BytesIO()
-    p = pickle.Pickler(buf, pickle.HIGHEST_PROTOCOL)
-    p.dispatch_table = _DISPATCH
-    p.dump(cluster)
-    new = pickle.loads(buf.getbuffer())
-    cols = new.table.__dict__
-    for k, v in cluster.table.__dict__.items():
-        cols[k] = v[:] if type(v) is list else v
-    return new
-
-
-# --------------------------------------------------------------------------- rollout, score
-def _route_while_base_agrees(cluster, base) -> None:
-    # drive.decide without its checks (a registered router's choices are valid): the rollouts
-    # make hundreds of these calls per decision.
-    queue = cluster.queue
-    pick = getattr(base, "select_from_queue", None)
-    if pick is None:
-        select = base.select
-        while queue:
-            inst = select(cluster, queue[0])
-            if inst is None:
-                return
-            cluster.route(inst)
-    else:
-        while queue:
-            choice = pick(cluster)
-            if choice is None:
-                return
-            cluster.route(choice[1], choice[0])
-
-
-def rollout(cluster, base, k: int, dt: float, t_end: float) -> int:
-    """Run ``cluster`` to ``t_end`` with ``base`` deciding at grid points ``k, k+1, ...``
-    (``k * dt`` at or before ``cluster.t`` means: decide now), as ``drive.run_router`` does.
-    Returns the first grid point left undecided."""
-    queue = cluster.queue
-    while True:
-        t = k * dt
-        if t >= t_end:
-            break
-        if t > cluster.t:
-            cluster.advance_to(t)
-        _route_while_base_agrees(cluster, base)
-        if queue:
-            k += 1
-            continue
-        nxt = cluster.next_arrival_s
-        if nxt >= t_end:
-            k += 1
-            break
-        k1 = max(k + 1, math.ceil(nxt / dt))
-        while k1 * dt < nxt:            # the env's rounding of "first grid point at or after"
-            k1 += 1
-        while k1 - 1 > k and (k1 - 1) * dt >= nxt:
-            k1 -= 1
-        k = k1
-    if cluster.t < t_end:
-        cluster.advance_to(t_end)
-    return k
-
-
-def drain(cluster, base, k: int, dt: float) -> None:
-    """No more arrivals: route what waits in the router queue with ``base`` at grid points
-    ``k, k+1, ...``, then run every instance until it is idle."""
-    if cluster._next < cluster.table.n:
-        cluster.table.arrival_s[cluster._next] = math.inf    # arrivals are taken in id order
-    queue = cluster.queue
-    while queue:
-        t = k * dt
-        if t > cluster.t:
-            cluster.advance_to(t)
-        _route_while_base_agrees(cluster, base)
-        k += 1
-    for e in cluster.engines:
-        e.advance_to(math.inf)
-
-
-def in_system_integral(table, lo: int, hi: int, t0: float, t1: float) -> float:
-    """Integral over [t0, t1] of the number of requests ``lo <= rid < hi`` in the system
-    (arrived and neither finished nor rejected). Requests outside that id range must be out of
-    the system throughout (finished before ``t0``, or arriving after ``t1``)."""
-    if hi <= lo:
-        return 0.0
-    arr = np.asarray(table.arrival_s[lo:hi])
-    fin = np.asarray(table.finish_s[lo:hi])
-    status = np.asarray(table.status[lo:hi], np.int64)
-    dur = np.fmin(fin, t1) - np.maximum(arr, t0)    # NaN finish (still running) -> t1
-    dur[status == _REJECTED] = 0.0
-    return float(np.sum(dur[dur > 0.0]))
+    def improvement(self) -> ImprovementOptions:
+        """The rollout operator's options (``policies.improve``) these options describe."""
+        return ImprovementOptions(base=self.base, base_options=dict(self.base_options),
+                                  horizon_s=self.horizon_s, samples=self.samples,
+                                  see_future=self.see_future, score=self.score,
+                                  decision_interval_s=self.decision_interval_s)
 
 
 # --------------------------------------------------------------------------- the router
 class Lookahead(RouterBase):
-    """Model-predictive router: roll each candidate action out with ``base``, keep the best."""
+    """Model-predictive router: roll each candidate action out with ``base``, keep the best.
+
+    The scoring is ``policies.improve.RolloutImprovement`` (the rollout policy-improvement
+    operator) used online: this router is one step of policy iteration over its base."""
 
     name = "lookahead"
     defers = True
@@ -254,6 +158,7 @@ class Lookahead(RouterBase):
         self.prompt_scheme = None
         self.decode_scheme = None
         self._base_router = None
+        self.operator: RolloutImprovement | None = None
 
     def attach(self, workload=None, predictor=None, prompt_scheme=None, decode_scheme=None,
                base_router=None) -> "Lookahead":
@@ -262,8 +167,9 @@ class Lookahead(RouterBase):
         ``workload`` (``sample(rng, n)``) draws the imagined future (needed unless
         ``see_future``); ``predictor`` estimates its lengths (None: the oracle); the bucket
         schemes fill the table's bucket columns (None: bucket 0, as ``drive.build_table``
-        leaves prompt buckets); ``base_router`` replaces ``make_router(options.base)`` (to
-        give the base its env-derived options, e.g. Min-Min's bucket edges).
+        leaves prompt buckets); ``base_router`` replaces ``make_router(options.base,
+        **options.base_options)`` (to give the base its env-derived options, e.g. Min-Min's
+        bucket edges).
         """
         self.workload, self.predictor = workload, predictor
         self.prompt_scheme, self.decode_scheme = prompt_scheme, decode_scheme
@@ -280,11 +186,11 @@ class Lookahead(RouterBase):
             raise ConfigError("router.lookahead: see_future=False needs the workload model to "
                               "imagine future arrivals; call attach(workload, predictor, ...) "
                               "(make_env_router does) or set see_future=True")
-        if self._base_router is None:
-            from .registry import make_router
-            self._base_router = make_router(self.options.base)
-        self._lo = 0              # every request below this id has finished or been rejected
-        self._n_draw = 16         # requests per workload draw (grows to cover the horizon)
+        self.operator = RolloutImprovement(
+            self.options.improvement(), workload=self.workload, predictor=self.predictor,
+            prompt_scheme=self.prompt_scheme, decode_scheme=self.decode_scheme,
+            base_router=self._base_router)
+        self._base_router = self.operator.base
         self.stats = {"decisions": 0, "rollouts": 0, "wall_s": 0.0}
         self.decision_wall_s: list[float] = []   # per decision, for cost figures
 
@@ -330,93 +236,21 @@ class Lookahead(RouterBase):
         if not cluster.queue:
             raise ValueError("router 'lookahead' asked to decide with an empty router queue")
         start = time.perf_counter()
-        o = self.options
-        tb = cluster.table
-        while self._lo < tb.n and tb.status[self._lo] in (Status.FINISHED, Status.REJECTED):
-            self._lo += 1
-        t, dt = cluster.t, o.decision_interval_s
-        t_end = t + o.horizon_s
-        k0 = math.floor(t / dt + _GRID_SLACK)
+        op = self.operator
         base_seed = int(self.rng.integers(2**63))
         cands: list[tuple[int, int] | None] = [
             (pos, i) for pos in self.queue_positions(cluster, heads_only) for i in range(self.num_instances)]
         cands.append(None)
-        base = self._base_router
-        base.reset(np.random.default_rng(base_seed), self.num_instances)
-        own = decide(cluster, base)
+        own = op.base_choice(cluster, base_seed)
         if own in cands:        # ties go to the base's own choice (see the module doc)
             cands.remove(own)
             cands.insert(0, own)
-        to_completion = o.score == "drain"
-        totals = [0.0] * len(cands)
-        for _ in range(o.samples):
-            root = copy_cluster(cluster)
-            if not o.see_future:
-                self._imagine(root, t_end)    # one imagined future, common to every candidate
-            for j, cand in enumerate(cands):
-                c = root if j == len(cands) - 1 else copy_cluster(root)
-                if cand is None:
-                    k = k0 + 1
-                else:
-                    c.route(cand[1], cand[0])
-                    k = k0
-                base.reset(np.random.default_rng(base_seed), self.num_instances)
-                k = rollout(c, base, k, dt, t_end)
-                hi = c._next
-                if to_completion:
-                    drain(c, base, k, dt)
-                totals[j] += in_system_integral(c.table, self._lo, hi, t, math.inf if to_completion else t_end)
-        scored = [(cand, total / o.samples) for cand, total in zip(cands, totals)]
+        totals = op.score(cluster, cands, self.rng, base_seed).mean(axis=0)
+        scored = [(cand, float(total)) for cand, total in zip(cands, totals)]
         st = self.stats
         st["decisions"] += 1
-        st["rollouts"] += len(cands) * o.samples
+        st["rollouts"] += len(cands) * self.options.samples
         wall = time.perf_counter() - start
         st["wall_s"] += wall
         self.decision_wall_s.append(wall)
         return scored
-
-    # ------------------------------------------------------------------ the imagined future
-    def _imagine(self, c, t_end: float) -> None:
-        """Overwrite, in the copy ``c``, what the router may not know (see the module doc)."""
-        tb = c.table
-        limit = c.max_request_tokens
-        for rid in c.queue:      # admitted already: keep them admissible
-            p = tb.prompt[rid]
-            tb.decode[rid] = max(1, min(int(round(tb.pred[rid])), limit - p))
-        lo = c._next
-        room = tb.n - lo
-        if room <= 0:
-            return
-        arr, prompt, pred, task = self._draw(t_end - c.t, room)
-        hi = lo + len(arr)
-        tb.arrival_s[lo:hi] = (c.t + arr).tolist()
-        tb.prompt[lo:hi] = prompt.tolist()
-        tb.pred[lo:hi] = pred.tolist()
-        tb.decode[lo:hi] = np.maximum(1, np.rint(pred)).astype(np.int64).tolist()
-        tb.task_id[lo:hi] = task.tolist()
-        zeros = [0] * len(arr)
-        tb.prompt_bucket[lo:hi] = zeros if self.prompt_scheme is None else self.prompt_scheme.bucket(prompt).tolist()
-        tb.decode_bucket[lo:hi] = zeros if self.decode_scheme is None else self.decode_scheme.bucket(pred).tolist()
-        tb.inv_ideal[lo:hi] = (1.0 / c.speeds.ideal_latency_s(prompt, pred)).tolist()
-
-    def _draw(self, horizon_s: float, room: int):
-        """Imagined arrivals (seconds from now), prompt tokens, predicted decode tokens and task
-        ids: every arrival within ``horizon_s`` plus the first after it, at most ``room``."""
-        parts, offset, n = [], 0.0, self._n_draw
-        total = 0
-        while True:
-            b = self.workload.sample(self.rng, n + 1)
-            if self.predictor is None:
-                pred = np.asarray(b.decode_tokens, np.float64)
-            else:
-                pred = np.asarray(self.predictor.predict(b, self.rng).tokens, np.float64)
-            arr = offset + b.arrival_s[1:]     # drop the draw's request at 0 s
-            parts.append((arr, b.prompt_tokens[1:], np.maximum(1.0, pred[1:]), b.task_id[1:]))
-            total += n
-            if arr[-1] > horizon_s or total >= room:
-                break
-            offset, n = arr[-1], 2 * n
-        arr, prompt, pred, task = (np.concatenate(x) for x in zip(*parts))
-        cut = min(int(np.searchsorted(arr, horizon_s, side="right")) + 1, room)
-        self._n_draw = max(self._n_draw, cut + cut // 4)
-        return arr[:cut], prompt[:cut], pred[:cut], task[:cut]
