@@ -153,8 +153,13 @@ class NetPolicy:
             return prior_logits(self.net, x, th.tensor([teacher_action]), self.prior)[0].numpy()
 
     def act(self, obs, mask, teacher_action: int) -> int:
-        q = np.where(np.asarray(mask, bool), self.logits(obs, teacher_action), -np.inf)
-        return int(np.argmax(q))
+        """Greedy over the valid actions and the teacher's own (which the env accepts even where
+        its mask is stricter, e.g. a hold on an idle cluster), so the prior alone gives the
+        teacher exactly."""
+        valid = np.array(mask, bool)
+        if teacher_action >= 0:
+            valid[teacher_action] = True
+        return int(np.argmax(np.where(valid, self.logits(obs, teacher_action), -np.inf)))
 
     def save(self, path, layout: dict, cfg: PolicyIterationConfig, meta: dict | None = None) -> None:
         th.save({"state_dict": self.net.state_dict(), "layout": dict(layout),
@@ -260,13 +265,13 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
             teach_l.append(-1 if t_action is None else t_action)
             adv_l.append(adv)
             se_l.append(se)
-        if policy is None:
+        if policy is None or t_action is None:
             if t_action is None:    # not expressible: follow the teacher, do not record it
                 obs, r, term, trunc, info = env.route_step(t_choice[1], t_choice[0])
             else:
                 obs, r, term, trunc, info = env.step(t_action)
         else:
-            obs, r, term, trunc, info = env.step(policy.act(obs, mask, -1 if t_action is None else t_action))
+            obs, r, term, trunc, info = env.step(policy.act(obs, mask, t_action))
         if term or trunc:
             break
     return {"obs": np.asarray(obs_l, np.float32).reshape(len(obs_l), -1),
@@ -432,3 +437,48 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
     return {"history": history, "best_round": best["round"], "policy": policy, "layout": layout,
             "teacher_val_mean_e2e_s": float(teacher_e2e.mean()),
             "wall_s": time.perf_counter() - t_start}
+
+
+# ----------------------------------------------------------------------------- deployment
+class DistilledAgent:
+    """A saved policy-iteration network acting in an env, with the ``predict`` signature the
+    package's evaluation uses (``llm_lb_gym.rollout.rollout_agent``; ``experiments.evaluate``
+    loads it as ``agents={name: {kind: distilled, path: best_policy.pt}}``).
+
+    The policy needs the teacher's choice in the current state, so the agent holds the env it
+    acts in and a teacher router of its own (reset whenever the env starts a new episode)."""
+
+    def __init__(self, policy: NetPolicy, env):
+        from llm_lb_gym.rollout import make_env_router
+
+        self.policy = policy
+        self.env = env.unwrapped
+        self.teacher = make_env_router(policy.teacher, self.env, **policy.teacher_options)
+        self._cluster = None
+        self.decision_wall_s: list[float] = []
+
+    @classmethod
+    def load(cls, path, env) -> "DistilledAgent":
+        return cls(NetPolicy.load(path), env)
+
+    def teacher_action(self) -> int:
+        from llm_lb_gym.policies.drive import decide
+
+        env = self.env
+        c = env.cluster
+        if c is not self._cluster:
+            self._cluster = c
+            self.teacher.reset(np.random.default_rng(0), env.m)
+        choice = decide(c, self.teacher) if c.queue else None
+        if choice is None:
+            return env.defer_action
+        a = env.action_for(*choice)
+        return -1 if a is None else a
+
+    def predict(self, observation, state=None, episode_start=None, deterministic=True,
+                action_masks=None):
+        t0 = time.perf_counter()
+        mask = self.env.action_masks() if action_masks is None else action_masks
+        a = self.policy.act(observation, mask, self.teacher_action())
+        self.decision_wall_s.append(time.perf_counter() - t0)
+        return a, state

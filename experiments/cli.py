@@ -17,7 +17,7 @@ from typing import Sequence
 PROG = "llm-lb-gym"
 COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "calibrate",
             "calibrate_hardware", "paper_v100", "tune_late_binding", "train_predictor",
-            "eval_predictor", "bench_lookahead", "bench_predictor_latency")
+            "eval_predictor", "bench_lookahead", "bench_predictor_latency", "improve")
 """Modules of ``experiments`` with a ``main()`` that reads ``sys.argv``."""
 
 

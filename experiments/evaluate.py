@@ -206,6 +206,10 @@ def _load_agent(spec: dict, kw: dict, env):
         for key, value in own.items():
             merged[key] = {**(merged.get(key) or {}), **value} if isinstance(value, dict) else value
         agent_env = gym.make("LLMCluster-v0", **merged)
+    if spec.get("kind") == "distilled":     # agents.policy_iteration's network (best_policy.pt)
+        from agents.policy_iteration import DistilledAgent
+
+        return DistilledAgent.load(spec["path"], agent_env), agent_env
     if spec.get("any_instances"):
         from agents.equivariant import SetPolicyActor
 

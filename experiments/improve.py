@@ -1,0 +1,125 @@
+"""Train a router that improves on its teacher (policy iteration by simulation), then test it.
+
+    python -m experiments.improve                                    # near capacity, late_binding teacher
+    python -m experiments.improve 'experiment=[paper_v100_kv_limited,learned_router]'
+    python -m experiments.improve improve.rounds=2 test.episodes=5   # shorter
+
+Runs :func:`agents.policy_iteration.policy_iteration` on the setting (``conf/improve.yaml``),
+saves ``best_policy.pt`` and each round's network in the run directory, logs the rounds to
+TensorBoard (``<run>/tb``), then evaluates the best network, round robin, the teacher and the
+listed heuristics on the test seeds (``experiments.evaluate``: identical seeded episodes) and
+prints the paired % change of mean E2E against round robin *and* against the teacher, with 95%
+confidence intervals, p99 E2E, SLO attainment and the network's decision time.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from experiments._progress import say
+
+NAME = "distilled"
+"""The trained network's name in the tables (``learned_router`` stays the Double-DQN router's)."""
+
+
+def policy_iteration_config(cfg):
+    from agents.policy_iteration import PolicyIterationConfig
+
+    opts = to_container(cfg.improve)
+    for key in ("validation_seeds", "net_arch"):
+        opts[key] = tuple(opts[key])
+    from llm_lb_gym._validate import reject_unknown
+    from dataclasses import fields
+
+    reject_unknown("improve", opts, [f.name for f in fields(PolicyIterationConfig)])
+    return PolicyIterationConfig(**opts)
+
+
+def paired_rows(rows: list[dict], policy: str, base: str, key: str = "mean_e2e_s"):
+    from experiments.evaluate import paired_change
+
+    a = {r["seed"]: r[key] for r in rows if r["policy"] == policy}
+    b = {r["seed"]: r[key] for r in rows if r["policy"] == base}
+    seeds = sorted(set(a) & set(b))
+    return paired_change(np.array([a[s] for s in seeds]), np.array([b[s] for s in seeds]))
+
+
+def decision_time_ms(kw: dict, path: Path, seed: int) -> dict:
+    """Wall time of the distilled router's decisions (network + teacher heuristic) over one
+    test episode, in milliseconds."""
+    import gymnasium as gym
+
+    from agents.policy_iteration import DistilledAgent
+    from llm_lb_gym.rollout import rollout_agent
+
+    env = gym.make("LLMCluster-v0", **{**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
+    agent = DistilledAgent.load(path, env)
+    rollout_agent(env, agent, seed)
+    w = 1e3 * np.asarray(agent.decision_wall_s)
+    return {"p50": float(np.percentile(w, 50)), "p99": float(np.percentile(w, 99)), "n": int(len(w))}
+
+
+def improve(cfg, out: Path | None = None) -> dict:
+    import torch
+    from omegaconf import OmegaConf
+    from torch.utils.tensorboard import SummaryWriter
+
+    from agents.policy_iteration import policy_iteration
+    from experiments.evaluate import evaluate
+
+    torch.set_num_threads(1)
+    out = Path(out) if out is not None else run_dir(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    pc = policy_iteration_config(cfg)
+    kw = env_kwargs(cfg)
+    write_run_record(out, cfg)
+    writer = SummaryWriter(str(out / "tb" / NAME))
+    t0 = time.perf_counter()
+    res = policy_iteration(kw, pc, out=out, log=say, writer=writer)
+    writer.close()
+    train_wall = time.perf_counter() - t0
+    path = out / "best_policy.pt"
+    ev_cfg = OmegaConf.create({
+        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
+        "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
+        "reward": to_container(cfg.reward), "policies": list(cfg.test.policies),
+        "policy_options": to_container(cfg.eval.policy_options) or {},
+        "agents": {NAME: {"kind": "distilled", "path": str(path)}},
+        "episodes": int(cfg.test.episodes), "seed": int(cfg.test.seed), "baseline": "round_robin",
+        "plot": True, "output_dir": str(out / "test"), "progress": cfg.get("progress", True)})
+    t1 = time.perf_counter()
+    ev = evaluate(ev_cfg, out=out / "test", leave_bars=False)
+    rows = ev["rows"]
+    vs_rr = paired_rows(rows, NAME, "round_robin")
+    vs_teacher = paired_rows(rows, NAME, pc.teacher)
+    teacher_vs_rr = paired_rows(rows, pc.teacher, "round_robin")
+    decision_ms = decision_time_ms(kw, path, int(cfg.test.seed))
+    summary = {
+        "best_round": res["best_round"], "history": res["history"], "train_wall_s": round(train_wall, 1),
+        "test_wall_s": round(time.perf_counter() - t1, 1),
+        "change_vs_round_robin_pct": vs_rr, "teacher_change_vs_round_robin_pct": teacher_vs_rr,
+        "change_vs_teacher_pct": vs_teacher, "decision_ms": decision_ms,
+        "table": ev["table"]}
+    (out / "improve_summary.json").write_text(json.dumps(summary, indent=2))
+    say(f"{NAME} (best round {res['best_round']}, trained in {train_wall:.0f} s): "
+        f"mean E2E {vs_rr[0]:+.2f} ± {vs_rr[1]:.2f}% vs round robin "
+        f"({pc.teacher}: {teacher_vs_rr[0]:+.2f} ± {teacher_vs_rr[1]:.2f}%), "
+        f"{vs_teacher[0]:+.2f} ± {vs_teacher[1]:.2f}% vs {pc.teacher} (paired 95% CIs, "
+        f"{int(cfg.test.episodes)} test episodes); decision {decision_ms['p50']:.3f} ms p50, "
+        f"{decision_ms['p99']:.3f} ms p99")
+    say(f"run dir {out}; TensorBoard: tensorboard --logdir {out / 'tb'}")
+    return {"out": out, "summary": summary, "eval": ev}
+
+
+@hydra_main("improve")
+def main(cfg) -> float:
+    return improve(cfg)["summary"]["change_vs_teacher_pct"][0]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""The rollout policy-improvement operator and approximate policy iteration (issue 20).
+
+The operator's scores are exact integrals of the simulated future (checked against the real
+continuation of an episode), shared futures make identical candidates score identically, it
+never reads what a deployed router cannot know, and bad options are named. Policy iteration
+starts as its teacher bit for bit, and its saved network loads, decides and refuses bad files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+torch.set_num_threads(1)
+
+from llm_lb_gym._validate import ConfigError  # noqa: E402
+from llm_lb_gym.envs.cluster_env import LLMClusterEnv  # noqa: E402
+from llm_lb_gym.policies import make_router  # noqa: E402
+from llm_lb_gym.policies.drive import decide  # noqa: E402
+from llm_lb_gym.policies.improve import ImprovementOptions, RolloutImprovement, in_system_integral  # noqa: E402
+from llm_lb_gym.rollout import make_env_router  # noqa: E402
+
+LB = {"period_s": 0.1, "rounds": "since_release", "reserve": "full", "order": "shortest"}
+ENV = dict(num_instances=2, num_requests=90, arrival_rate_rps=14.0, engine={"num_kv_blocks": 400},
+           action={"candidates": 3, "order": "shortest"},
+           obs={"features": ("age", "block_need", "free_kv_blocks", "waiting_blocks", "time_since_route")},
+           reward={"penalty": "latency"})
+
+
+def operator(env, **opts) -> RolloutImprovement:
+    o = ImprovementOptions(**{"base": "late_binding", "base_options": LB,
+                              "decision_interval_s": env.cfg.decision_interval_s, **opts})
+    ob = env.obs_builder
+    return RolloutImprovement(o, workload=env.workload, predictor=env.predictor,
+                              prompt_scheme=ob.prompt_scheme, decode_scheme=ob.decode_scheme,
+                              base_router=make_env_router("late_binding", env, **LB))
+
+
+def busy_state(seed=3, min_queue=3):
+    """An env (driven by late_binding) at a decision with several requests at the router."""
+    env = LLMClusterEnv(**ENV)
+    env.reset(seed=seed)
+    teacher = make_env_router("late_binding", env, **LB)
+    teacher.reset(np.random.default_rng(0), env.m)
+    while True:
+        c = env.cluster
+        if len(c.queue) >= min_queue and c.n_arrived > 20:
+            return env, teacher
+        choice = decide(c, teacher) if c.queue else None
+        if choice is None:
+            _, _, term, _, _ = env.route_step(env.m)
+        else:
+            _, _, term, _, _ = env.route_step(choice[1], choice[0])
+        assert not term, "no busy state found"
+
+
+# ------------------------------------------------------------------ options
+@pytest.mark.parametrize("bad, match", [
+    ({"base": "lookahead"}, r"improve.base='lookahead' is not valid; allowed: round_robin"),
+    ({"base": "rr"}, r"improve.base='rr'"),
+    ({"base_options": {"period": 1}}, r"period.*period_s"),
+    ({"base_options": {"period_s": -1.0}}, r"router.late_binding.period_s=-1.0"),
+    ({"base_options": [1]}, r"base_options=\[1\] must be a mapping"),
+    ({"samples": 0}, r"improve.samples=0 .*\[1, inf\)"),
+    ({"samples": 1.5}, r"improve.samples"),
+    ({"horizon_s": 0.0}, r"improve.horizon_s=0.0 .*\(0.0, inf\)"),
+    ({"horizon_s": -2.0}, r"improve.horizon_s=-2.0"),
+    ({"score": "sum"}, r"improve.score='sum' .*allowed: window, drain"),
+    ({"see_future": True, "samples": 2}, r"samples=2 needs see_future=False"),
+    ({"antithetic": True, "samples": 3}, r"antithetic=True needs .*even number"),
+    ({"see_future": "no"}, r"see_future='no' must be a bool"),
+])
+def test_bad_options_are_named(bad, match):
+    with pytest.raises(ConfigError, match=match):
+        ImprovementOptions(**{"base_options": {}, **bad})
+
+
+def test_operator_needs_a_workload_and_poisson_for_antithetic():
+    with pytest.raises(ConfigError, match="needs the workload model"):
+        RolloutImprovement(ImprovementOptions())
+    from llm_lb_gym.workload.arrivals import DeterministicArrivals
+    from llm_lb_gym.workload.task_mix import TaskMixWorkload
+
+    with pytest.raises(ConfigError, match="needs a workload with Poisson arrivals.*DeterministicArrivals"):
+        RolloutImprovement(ImprovementOptions(antithetic=True, samples=2),
+                           workload=TaskMixWorkload(arrivals=DeterministicArrivals(5.0)))
+
+
+def test_lookahead_takes_its_base_options():
+    env = LLMClusterEnv(**ENV)
+    r = make_env_router("lookahead", env, base="late_binding", base_options=LB, candidates=3)
+    assert r._base_router.options.period_s == 0.1 and r._base_router.options.rounds == "since_release"
+    with pytest.raises(ConfigError, match="router.late_binding.order='tallest'"):
+        make_router("lookahead", base="late_binding", base_options={"order": "tallest"})
+
+
+# ------------------------------------------------------------------ scores
+def test_clairvoyant_drain_score_of_the_base_is_the_real_future():
+    """With the real future, a horizon past the last arrival and the drain, the base's own
+    choice scores exactly the remaining time in the system of every request, as the episode
+    continued under the base really gives it."""
+    env, teacher = busy_state()
+    c = env.cluster
+    op = operator(env, see_future=True, samples=1, horizon_s=1e4)
+    own = decide(c, teacher)
+    lo = op.first_unfinished(c)
+    t = c.t
+    score = op.score(c, [own], np.random.default_rng(0), base_seed=0)[0, 0]
+    # continue the real episode with the teacher (same router state: rounds since release)
+    while True:
+        cl = env.cluster
+        choice = decide(cl, teacher) if cl.queue else None
+        _, _, term, _, _ = (env.route_step(env.m) if choice is None
+                            else env.route_step(choice[1], choice[0]))
+        if term:
+            break
+    real = in_system_integral(env.cluster.table, lo, env.cluster.table.n, t, math.inf)
+    assert score == pytest.approx(real, rel=1e-9)
+
+
+def test_shared_futures_and_no_side_effects():
+    env, teacher = busy_state()
+    c = env.cluster
+    before = pickle.dumps(c)
+    op = operator(env, samples=4, horizon_s=1.0)
+    own = decide(c, teacher)
+    others = [(p, i) for p in range(3) for i in range(2) if (p, i) != own]
+    S = op.score(c, [own, others[0], own, None], np.random.default_rng(5))
+    assert S.shape == (4, 4)
+    np.testing.assert_array_equal(S[:, 0], S[:, 2])     # same action, same futures: same scores
+    assert len(set(S[:, 0])) > 1, "the four imagined futures should differ"
+    assert pickle.dumps(c) == before
+    S2 = operator(env, samples=4, horizon_s=1.0).score(c, [own, others[0], own, None], np.random.default_rng(5))
+    np.testing.assert_array_equal(S, S2)                 # determinism
+    A = operator(env, samples=4, horizon_s=1.0, antithetic=True).score(c, [own, None], np.random.default_rng(5))
+    assert A.shape == (4, 2) and np.all(np.isfinite(A))
+
+
+def test_deployable_scores_ignore_true_lengths_of_unrouted_requests():
+    env, teacher = busy_state()
+    c = env.cluster
+    hidden = pickle.loads(pickle.dumps(c))
+    rng = np.random.default_rng(4)
+    for rid in list(hidden.queue) + list(range(hidden._next, hidden.table.n)):
+        hidden.table.decode[rid] = int(rng.integers(1, 300))
+    cands = [decide(c, teacher), None, (0, 1)]
+    a = operator(env, samples=2).score(c, cands, np.random.default_rng(1), base_seed=3)
+    b = operator(env, samples=2).score(hidden, cands, np.random.default_rng(1), base_seed=3)
+    np.testing.assert_array_equal(a, b)
+    clair = [operator(env, see_future=True, samples=1).score(x, cands, np.random.default_rng(1), base_seed=3)
+             for x in (c, hidden)]
+    assert not np.array_equal(*clair), "the clairvoyant reference should see the true lengths"
+
+
+# ------------------------------------------------------------------ policy iteration
+def _kw():
+    return {**ENV, "num_requests": 70}
+
+
+def _cfg(**kw):
+    from agents.policy_iteration import PolicyIterationConfig
+
+    base = dict(teacher_options=LB, rounds=1, episodes_per_round=1, label_every=2,
+                max_labels_per_episode=6, horizon_s=0.3, samples=2, validation_seeds=(500,),
+                epochs=2, executor="inline", round_seed=7)
+    return PolicyIterationConfig(**{**base, **kw})
+
+
+def test_config_errors_are_named():
+    for bad, match in [({"samples": 0}, r"improve.samples=0"), ({"temperature": 0.0}, r"improve.temperature=0.0"),
+                       ({"executor": "threads"}, r"improve.executor='threads' .*allowed: process, ray, inline"),
+                       ({"validation_seeds": ()}, r"validation_seeds is empty"),
+                       ({"rounds": -1}, r"improve.rounds=-1")]:
+        with pytest.raises(ConfigError, match=match):
+            _cfg(**bad)
+
+
+def test_improvement_targets():
+    from agents.policy_iteration import improvement_targets
+
+    logits = np.array([[0.0, 2.0, 0.0, -1.0]])
+    mask = np.array([[True, True, True, False]])
+    p0 = improvement_targets(logits, mask, np.full((1, 4), np.nan), 1.0)
+    e = np.exp([0.0, 2.0, 0.0])
+    np.testing.assert_allclose(p0[0, :3], e / e.sum())
+    assert p0[0, 3] == 0.0
+    p = improvement_targets(logits, mask, np.array([[5.0, 0.0, np.nan, np.nan]]), 0.1)
+    assert p[0, 0] > 0.999
+
+
+def test_round_zero_is_the_teacher_and_the_result_loads(tmp_path):
+    from agents.policy_iteration import DistilledAgent, NetPolicy, policy_iteration
+    from llm_lb_gym.rollout import rollout_agent, rollout_router
+
+    res = policy_iteration(_kw(), _cfg(), out=tmp_path, log=lambda s: None)
+    h = res["history"]
+    assert h[0]["val_vs_teacher_pct"] == 0.0          # prior + zero output layers = the teacher
+    assert h[1]["labelled"] > 0 and math.isfinite(h[1]["loss"])
+    for name in ("round0.pt", "round1.pt", "best_policy.pt"):
+        assert (tmp_path / name).exists()
+    env = LLMClusterEnv(**_kw())
+    agent = DistilledAgent.load(tmp_path / "round0.pt", env)
+    a = rollout_agent(env, agent, 1000)
+    b = rollout_router(env, make_env_router("late_binding", env, **LB), 1000)
+    assert a.metrics["mean_e2e_s"] == b.metrics["mean_e2e_s"] and a.metrics["unfinished"] == 0
+    assert max(agent.decision_wall_s) < 1.0
+    with pytest.raises(ConfigError, match="does not exist"):
+        NetPolicy.load(tmp_path / "nope.pt")
+    (tmp_path / "bad.pt").write_bytes(b"not a network")
+    with pytest.raises(ConfigError, match="bad.pt is not a saved policy-iteration network"):
+        NetPolicy.load(tmp_path / "bad.pt")
+
+
+def test_a_teacher_the_actions_cannot_express_is_refused():
+    from agents.policy_iteration import policy_iteration
+
+    kw = {**_kw(), "action": {"candidates": 1, "order": "oldest"}}
+    with pytest.raises(ConfigError, match="cannot express"):
+        policy_iteration(kw, _cfg(rounds=0), log=lambda s: None)
+
+
+def test_workers_give_the_same_result_as_inline():
+    from agents.policy_iteration import policy_iteration
+
+    a = policy_iteration(_kw(), _cfg(), log=lambda s: None)["history"]
+    b = policy_iteration(_kw(), _cfg(executor="process", workers=2), log=lambda s: None)["history"]
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if "wall" not in k and "ms" not in k} == \
+               {k: v for k, v in y.items() if "wall" not in k and "ms" not in k}
+
+
+def test_improve_entry_point_debug_size(tmp_path):
+    from experiments.improve import improve
+    from experiments.reproduce import compose
+
+    cfg = compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]", "improve.rounds=1",
+                              "improve.episodes_per_round=1", "improve.max_labels_per_episode=4",
+                              "improve.label_every=2", "improve.validation_seeds=[500]", "improve.epochs=1",
+                              "improve.executor=inline", "test.episodes=2", "test.policies=[round_robin,late_binding]",
+                              "progress=false"])
+    res = improve(cfg, out=tmp_path)
+    s = res["summary"]
+    assert (tmp_path / "best_policy.pt").exists() and (tmp_path / "test" / "summary.md").exists()
+    assert len(s["history"]) == 2 and s["decision_ms"]["n"] > 0
+    assert all(math.isfinite(x) for x in s["change_vs_teacher_pct"][:1])
+    assert "distilled" in s["table"] and list((tmp_path / "tb").rglob("events.out.tfevents*"))
+    with pytest.raises(ConfigError, match="improve.*horizon"):
+        improve(compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]",
+                                    "improve.horizon_s=0"]), out=tmp_path / "bad")
+    with pytest.raises(ConfigError, match="unknown improve option.*horizon; allowed: .*horizon_s"):
+        improve(compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]",
+                                    "+improve.horizon=1"]), out=tmp_path / "bad2")
