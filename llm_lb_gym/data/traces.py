@@ -250,11 +250,25 @@ def _read_jsonl(path: Path, fields: dict[str, str], text_fields: frozenset = fro
                         isinstance(x, int) and not isinstance(x, bool) for x in ids)):
                     raise TraceFormatError(path, number, hash_field,
                                            f"{str(ids)[:40]!r} is not a list of integer ids")
+                if ids is not None and len(set(ids)) != len(ids):
+                    raise TraceFormatError(path, number, hash_field, _repeat_problem(ids))
                 hashes.append(None if ids is None else tuple(ids))
             lines.append(number)
     if hash_field is not None:
         out[hash_field] = hashes
     return out, np.asarray(lines, dtype=np.int64)
+
+
+def _repeat_problem(ids: list) -> str:
+    """A chain id names the whole prefix up to its block, so a repeat is corrupt data (and would
+    let one request's blocks share one cached copy: an over-subscribed KV cache)."""
+    seen: set = set()
+    for i, h in enumerate(ids):
+        if h in seen:
+            return (f"hash id {h} repeats at position {i} (first at {ids.index(h)}); the ids of "
+                    "one prompt's chain must be distinct")
+        seen.add(h)
+    return "hash ids repeat"
 
 
 def _parse_times(path, fmt: TraceFormat, values, lines: np.ndarray) -> np.ndarray:
