@@ -22,6 +22,7 @@ import numpy as np
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      loss_warning)
+from experiments._entry_options import check_evaluate_options
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar, say
 
@@ -127,6 +128,7 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     from llm_lb_gym.rollout import make_env_router, rollout_agent, rollout_router
 
     torch.set_num_threads(1)
+    check_evaluate_options(cfg)   # before any output is written or episode run
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     kw = env_kwargs(cfg)

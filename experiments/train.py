@@ -76,12 +76,26 @@ def _check_train_cfg(cfg) -> None:
         raise ConfigError(f"train.final_model={t.final_model!r}; allowed: {', '.join(FINAL_MODELS)}")
     if t.final_model == "best" and not t.keep_best:
         raise ConfigError("train.final_model=best needs train.keep_best=true")
-    if int(t.n_envs) < 1:
-        raise ConfigError(f"train.n_envs={t.n_envs} must be >= 1")
+    from llm_lb_gym._validate import check_bool, check_int
+
+    from experiments._entry_options import MAX_SEED, check_evaluate_options
+
+    check_int("seed", cfg.seed, 0, MAX_SEED)
+    check_int("train.n_envs", t.n_envs, 1, 1024)
     if agent_spec(cfg.agent.name).single_env_only and int(t.n_envs) != 1:
         raise ConfigError(f"agent {cfg.agent.name} trains on one env; got train.n_envs={t.n_envs} (allowed: 1)")
-    if t.total_timesteps is None and int(t.episodes) < 1:
-        raise ConfigError(f"train.episodes={t.episodes} must be >= 1 (or set train.total_timesteps)")
+    check_int("train.episodes", t.episodes, 1)
+    for key in ("total_timesteps", "episode_steps"):
+        if t.get(key) is not None:
+            check_int(f"train.{key}", t[key], 1)
+    check_int("train.eval_every_episodes", t.eval_every_episodes, 0)
+    check_int("train.eval_episodes", t.eval_episodes, 1)
+    check_int("train.eval_seed", t.eval_seed, 0, MAX_SEED)
+    for key in ("keep_best", "init_value_offset", "normalize_reward"):
+        if t.get(key) is not None:
+            check_bool(f"train.{key}", t[key])
+    # The final evaluation's options, now rather than after hours of training.
+    check_evaluate_options(final_eval_cfg(cfg, Path("model"), Path(".")), prefix="eval.")
     if t.reward_scale != "auto":
         try:
             bad = float(t.reward_scale) <= 0
@@ -91,8 +105,8 @@ def _check_train_cfg(cfg) -> None:
             raise ConfigError(f"train.reward_scale={t.reward_scale!r}; allowed: 'auto' or a number > 0")
     im = cfg.train.get("imitation") or {}
     if im.get("teacher") is not None:
+        from llm_lb_gym._validate import check_choice
         from llm_lb_gym.policies.registry import ROUTERS
-        from llm_lb_gym._validate import check_choice, check_int
 
         check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
         from agents import agent_spec
