@@ -25,7 +25,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
-                                     loss_warning)
+                                     filter_note, loss_warning)
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar
 
@@ -138,6 +138,9 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
               f"seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1}; cells: % change of mean E2E vs "
               f"{cfg.baseline} (95% CI); wall {wall:.0f} s")
     alerts = [f"load factor {f:g}: {w}" for f, _, ev in results if (w := loss_warning(ev["rows"]))]
+    note = filter_note(build_workload(kw["workload"], kw.get("arrival_rate_rps")))
+    if note:
+        alerts.insert(0, note)
     if alerts:
         header += "\n\n" + "\n\n".join(alerts)
     (out / "load_sweep.md").write_text(header + "\n\n" + table + "\n")

@@ -352,7 +352,7 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     import torch
 
     from agents import EpisodeMetricsCallback, PeriodicEvalCallback
-    from experiments._accounting import describe_workload
+    from experiments._accounting import describe_workload, filter_note, row_filters
     from experiments._progress import TrainingProgressCallback
     from experiments.evaluate import evaluate
     from llm_lb_gym.envs.builders import build_workload
@@ -363,15 +363,18 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     kw = env_kwargs(cfg)
-    workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")))
+    built = build_workload(kw["workload"], kw.get("arrival_rate_rps"))
+    workload = describe_workload(built)
     say(f"training {cfg.name} on workload {workload}")
+    if filter_note(built):
+        say(filter_note(built))
     t = cfg.train
     rr = measure_round_robin(kw, int(cfg.seed))
     episode_steps = int(t.episode_steps) if t.episode_steps else int(rr["steps"])
     total = int(t.total_timesteps) if t.total_timesteps else int(t.episodes) * episode_steps
     scale = auto_reward_scale(rr) if t.reward_scale == "auto" else float(t.reward_scale)
     write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale,
-                     workload=workload)
+                     workload=workload, row_filters=row_filters(built))
 
     agent = build_agent(cfg, kw, total, episode_steps, out / "tb", scale)
     if t.get("init_value_offset", True):
