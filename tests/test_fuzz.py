@@ -303,3 +303,17 @@ def test_reset_batch_must_fit_the_episode():
     empty = RequestBatch.from_arrays([], [], [])
     with pytest.raises(ConfigError, match="batch has 0 requests"):
         env.reset(seed=0, options={"batch": empty})   # was falsy: silently sampled instead
+
+
+@pytest.mark.parametrize("override, option", [
+    ({"load_factors": []}, "load_factors"), ({"load_factors": [0.5, -1]}, r"load_factors\[1\]"),
+    ({"load_factors": "2"}, "load_factors"), ({"load_factors": [1, 1.0]}, "twice"),
+    ({"episodes": 0}, "episodes"), ({"baseline": "jsq"}, "baseline"),
+])
+def test_load_sweep_rejects_bad_options_before_measuring(tmp_path, override, option):
+    from experiments.load_sweep import load_sweep
+
+    cfg = _evaluate_cfg({"load_factors": [0.5, 1.0], **override})
+    with pytest.raises(ConfigError, match=option):
+        load_sweep(cfg, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
