@@ -152,6 +152,13 @@ def test_repeated_chain_rejected_by_table_and_batch(chain):
                                  hash_block_tokens=16)
 
 
+def test_unhashable_or_scalar_chain_is_a_named_error():
+    with pytest.raises(ValueError, match=r"prefix_hashes\[0\].*hashable ids"):
+        RequestBatch.from_arrays([0.0], [64], [1], prefix_hashes=[([1], 2)], hash_block_tokens=16)
+    with pytest.raises(ValueError, match=r"prefix_hashes\[0\].*hashable ids"):
+        RequestTable([0.0], [64], [1], [1], prefix_hashes=[5], hash_block_tokens=16)
+
+
 def test_reader_rejects_a_repeated_chain_with_file_and_line(tmp_path):
     rows = [{"timestamp": 0, "input_length": 1500, "output_length": 10, "hash_ids": [0, 1, 2]},
             {"timestamp": 5, "input_length": 1500, "output_length": 10, "hash_ids": [3, 4, 3]}]

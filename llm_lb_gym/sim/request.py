@@ -51,7 +51,11 @@ def check_hash_chains(chains, source: str) -> None:
     """Raise ValueError naming the first request whose chain repeats an id (``source``: where
     the chains come from, e.g. ``RequestTable.prefix_hashes``)."""
     for rid, chain in enumerate(chains):
-        bad = repeated_hash(chain)
+        try:
+            bad = repeated_hash(chain)
+        except TypeError:   # a list or dict among the ids, or a chain that is not a sequence
+            raise ValueError(f"{source}[{rid}]={str(chain)[:60]!r} must be a sequence of "
+                             "hashable ids (integers) or None") from None
         if bad is not None:
             raise ValueError(
                 f"{source}[{rid}] repeats hash id {bad[1]!r} at position {bad[0]}; a prefix hash "
