@@ -98,3 +98,34 @@ def test_values_unchanged_arrivals_left_is_the_share_of_the_episode(normalize):
     left = 40 - env.unwrapped.cluster.n_arrived
     assert obs[1] == np.float32(left / 40 if normalize else left)
     assert env.observation_space.high[1] == (1.0 if normalize else 10_000_000)
+
+
+def test_model_saved_with_the_old_episode_bounds_still_loads(tmp_path):
+    """Models saved before these bounds (bucket counts bounded by num_requests) load on the new
+    space: only those bounds differ. A model whose other bounds differ is still refused."""
+    import torch
+    from gymnasium import spaces
+    from stable_baselines3 import DQN
+
+    from agents.factory import load_agent
+
+    torch.set_num_threads(1)
+    env = gym.make("LLMCluster-v0", num_requests=500, obs={"features": ["arrivals_left"]})
+    free = env.unwrapped.obs_builder.episode_free_bounds
+    assert free.sum() == 1 + env.unwrapped.m * (env.unwrapped.obs_builder.n_p
+                                                + env.unwrapped.obs_builder.n_d)
+    space = env.observation_space
+    old_high = space.high.copy()
+    old_high[free] = 500 / 128   # what num_requests / max_num_seqs gave
+    model = DQN("MlpPolicy", env, learning_starts=10, buffer_size=100, device="cpu")
+    model.observation_space = spaces.Box(space.low, old_high, dtype=np.float32)
+    model.save(tmp_path / "old")
+    loaded = load_agent("dqn", tmp_path / "old.zip", env=gym.make(
+        "LLMCluster-v0", num_requests=2000, obs={"features": ["arrivals_left"]}))
+    assert loaded.observation_space == space
+    other = old_high.copy()
+    other[0] = 7.0   # the queue bound: a different observation, not an old episode bound
+    model.observation_space = spaces.Box(space.low, other, dtype=np.float32)
+    model.save(tmp_path / "other")
+    with pytest.raises(ValueError, match="Observation spaces do not match"):
+        load_agent("dqn", tmp_path / "other.zip", env=env)

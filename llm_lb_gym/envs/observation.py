@@ -158,7 +158,9 @@ class ObservationBuilder:
             scale.append(sc)
 
         add(0.0, cfg.queue_cap, s_queue)
+        free = []   # positions whose bound depended on num_requests before issue 22
         if self.f_arrivals:   # normalised: the share of the episode still to arrive
+            free.append(len(lo))
             lo.append(0.0)
             hi.append(1.0 if norm else float(MAX_REQUESTS))
             scale.append(s_req)
@@ -176,6 +178,7 @@ class ObservationBuilder:
             blocks_i = int(kv_list[i]) // bs_list[i]
             s_blocks_i = 1.0 / max(blocks_i, 1) if norm else 1.0
             for _ in range(self.n_p + self.n_d):   # any episode length: see the module docstring
+                free.append(len(lo))
                 add(0.0, MAX_REQUESTS, s_count)
             self._round_idx += [len(lo), len(lo) + 1]
             lo.append(-1.0)
@@ -198,6 +201,10 @@ class ObservationBuilder:
         self.high = np.array(hi, np.float32)
         self.scale = np.array(scale, np.float32)
         assert len(self.low) == self.size
+        self.episode_free_bounds = np.zeros(self.size, bool)
+        """True where the upper bound was ``num_requests``-derived in earlier versions (bucket
+        counts, ``arrivals_left``): ``agents.factory.load_agent`` loads models saved then."""
+        self.episode_free_bounds[free] = True
         self.box = spaces.Box(self.low, self.high, dtype=np.float32)
 
     def space(self) -> spaces.Space:
