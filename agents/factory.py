@@ -28,6 +28,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from llm_lb_gym._validate import ConfigError, reject_unknown
 
 from agents.equivariant import POLICY_NAMES, obs_layout_of, policy_for
@@ -134,4 +136,35 @@ def load_agent(name: str, path: str | Path, env: Any = None, **kwargs: Any) -> A
     spec = agent_spec(name)
     if spec.sb3_policy:
         kwargs.setdefault("device", "cpu")
-    return spec.load_class().load(path, env=env, **kwargs)
+    try:
+        return spec.load_class().load(path, env=env, **kwargs)
+    except ValueError as err:
+        if env is None or "Observation spaces do not match" not in str(err):
+            raise
+        saved = spec.load_class().load(path, device=kwargs.get("device", "cpu")).observation_space
+        if not bounds_only_episode_free(saved, env):
+            raise
+    # Saved before the observation space stopped depending on num_requests (issue 22): the same
+    # observations, only some upper bounds were episode-length-derived.
+    custom = {**kwargs.pop("custom_objects", {}), "observation_space": env.observation_space}
+    return spec.load_class().load(path, env=env, custom_objects=custom, **kwargs)
+
+
+def bounds_only_episode_free(saved, env) -> bool:
+    """True when ``saved`` (a model's observation space) equals ``env``'s except for upper bounds
+    at the positions that depended on ``num_requests`` in earlier versions (``ObservationBuilder.
+    episode_free_bounds``): same shape, dtype and lower bounds, every other upper bound equal."""
+    from gymnasium import spaces
+
+    current = env.observation_space
+    if not (isinstance(saved, spaces.Box) and isinstance(current, spaces.Box)):
+        return False
+    try:
+        builder = (env.get_attr("obs_builder", [0])[0] if hasattr(env, "get_attr")
+                   else env.unwrapped.obs_builder)
+    except AttributeError:
+        return False
+    free = getattr(builder, "episode_free_bounds", None)
+    return (free is not None and saved.shape == current.shape == free.shape
+            and saved.dtype == current.dtype and np.array_equal(saved.low, current.low)
+            and np.array_equal(saved.high[~free], current.high[~free]))

@@ -11,6 +11,10 @@ left unfinished, a warning line above it; and its header names the workload actu
 The same cells carry the latency SLO outcome (``llm_lb_gym/sim/slo.py``): SLO attainment (% of
 all requests, rejected and unfinished ones counting as misses) and goodput (requests meeting
 both deadlines per second of makespan); "n/a" where the env had no deadlines (``env.slo=null``).
+
+Rows a setting's caps removed from a trace or corpus before sampling (``max_context_tokens``,
+``max_prompt_tokens``, ``task_filter``, 0-token rows) are a line above the table
+(``filter_note``) and a ``row_filters`` entry of ``run.json``, with the count per reason.
 """
 
 from __future__ import annotations
@@ -80,6 +84,22 @@ def loss_warning(rows: list[dict]) -> str | None:
             f"({'; '.join(parts)}); the latency columns cover completed requests only. Rejected "
             "requests never fit the engine (see rejected_<reason> in results.csv); unfinished ones "
             "were in the system when the episode hit its step limit.")
+
+
+def row_filters(workload) -> dict | None:
+    """What the workload's filters removed from its file (``llm_lb_gym.workload.filters``), for
+    ``run.json``; None for workloads that read no file or filter nothing."""
+    report = getattr(workload, "row_filters", None)
+    return None if report is None else report.as_dict()
+
+
+def filter_note(workload) -> str | None:
+    """One line for the table's header when filters removed rows or clipped outputs (a silent
+    22-40% of a trace otherwise); None when they did neither."""
+    report = getattr(workload, "row_filters", None)
+    if report is None or not (report.rows_removed or report.decode_clipped):
+        return None
+    return f"**Trace rows:** {report.describe()}; episodes are drawn from the {report.rows_kept:,} left."
 
 
 def describe_arrivals(arrivals) -> str:

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
-                                     loss_warning)
+                                     filter_note, loss_warning, row_filters)
+from experiments._entry_options import check_evaluate_options
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar, say
 
@@ -127,11 +128,15 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     from llm_lb_gym.rollout import make_env_router, rollout_agent, rollout_router
 
     torch.set_num_threads(1)
+    check_evaluate_options(cfg)   # before any output is written or episode run
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     kw = env_kwargs(cfg)
     kw["reward"] = {**(kw.get("reward") or {}), "mode": "baseline"}   # evaluate without guidance
     env = gym.make("LLMCluster-v0", **kw)
+    filters = row_filters(env.unwrapped.workload)
+    if filters is not None:   # the record again, now with what the workload's filters removed
+        write_run_record(out, cfg, row_filters=filters)
     seeds = [int(cfg.seed) + i for i in range(int(cfg.episodes))]
     rows, e2e, t_start = [], {}, time.perf_counter()
     deciders = [(name, "router", None) for name in cfg.policies]
@@ -169,6 +174,9 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     header = (f"{len(seeds)} episodes x {kw.get('num_requests')} requests, seeds {seeds[0]}..{seeds[-1]}, "
               f"{env.unwrapped.cluster_cfg.describe()}, "
               f"workload {workload}; wall {wall:.1f} s")
+    note = filter_note(env.unwrapped.workload)
+    if note:
+        header += "\n\n" + note
     warning = loss_warning(rows)
     if warning:
         header += "\n\n" + warning
@@ -178,7 +186,8 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     say(header)
     say(table)
     say(f"results: {out}")
-    return {"rows": rows, "table": table, "out": out, "warning": warning, "workload": workload}
+    return {"rows": rows, "table": table, "out": out, "warning": warning, "workload": workload,
+            "row_filters": filters}
 
 
 def policy_options(cfg) -> dict:

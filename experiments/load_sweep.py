@@ -25,7 +25,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
-                                     loss_warning)
+                                     filter_note, loss_warning)
+from experiments._entry_options import check_evaluate_options
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar
 
@@ -92,6 +93,20 @@ def _sweep_table(results: list[tuple[float, float, dict]], baseline: str) -> str
     return "\n".join(lines)
 
 
+def check_load_factors(value) -> None:
+    """A non-empty list of distinct numbers > 0 (multiples of the measured capacity)."""
+    from llm_lb_gym._validate import ConfigError, check_range
+
+    factors = to_container(value) if OmegaConf.is_config(value) else value
+    if isinstance(factors, str) or not isinstance(factors, (list, tuple)) or not factors:
+        raise ConfigError(f"load_factors={factors!r} must be a non-empty list of numbers > 0, "
+                          "e.g. load_factors=[0.5,1,2]")
+    for i, f in enumerate(factors):
+        check_range(f"load_factors[{i}]", f, 0.0, 1000.0, lo_open=True)
+    if len({float(f) for f in factors}) != len(factors):
+        raise ConfigError(f"load_factors={list(factors)} lists a factor twice")
+
+
 def load_sweep(cfg, out: Path | None = None) -> dict:
     """Measure capacity, evaluate ``cfg.policies`` at each load factor; returns the table."""
     import torch
@@ -102,6 +117,8 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     from llm_lb_gym.workload.registry import synthetic_arrival_workloads, uses_synthetic_arrivals
 
     torch.set_num_threads(1)
+    check_load_factors(cfg.get("load_factors"))
+    check_evaluate_options(cfg)   # every load factor's evaluation, before the capacity run
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     kw = env_kwargs(cfg)
@@ -138,6 +155,9 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
               f"seeds {cfg.seed}..{int(cfg.seed) + int(cfg.episodes) - 1}; cells: % change of mean E2E vs "
               f"{cfg.baseline} (95% CI); wall {wall:.0f} s")
     alerts = [f"load factor {f:g}: {w}" for f, _, ev in results if (w := loss_warning(ev["rows"]))]
+    note = filter_note(build_workload(kw["workload"], kw.get("arrival_rate_rps")))
+    if note:
+        alerts.insert(0, note)
     if alerts:
         header += "\n\n" + "\n\n".join(alerts)
     (out / "load_sweep.md").write_text(header + "\n\n" + table + "\n")

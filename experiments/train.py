@@ -76,12 +76,26 @@ def _check_train_cfg(cfg) -> None:
         raise ConfigError(f"train.final_model={t.final_model!r}; allowed: {', '.join(FINAL_MODELS)}")
     if t.final_model == "best" and not t.keep_best:
         raise ConfigError("train.final_model=best needs train.keep_best=true")
-    if int(t.n_envs) < 1:
-        raise ConfigError(f"train.n_envs={t.n_envs} must be >= 1")
+    from llm_lb_gym._validate import check_bool, check_int
+
+    from experiments._entry_options import MAX_SEED, check_evaluate_options
+
+    check_int("seed", cfg.seed, 0, MAX_SEED)
+    check_int("train.n_envs", t.n_envs, 1, 1024)
     if agent_spec(cfg.agent.name).single_env_only and int(t.n_envs) != 1:
         raise ConfigError(f"agent {cfg.agent.name} trains on one env; got train.n_envs={t.n_envs} (allowed: 1)")
-    if t.total_timesteps is None and int(t.episodes) < 1:
-        raise ConfigError(f"train.episodes={t.episodes} must be >= 1 (or set train.total_timesteps)")
+    check_int("train.episodes", t.episodes, 1)
+    for key in ("total_timesteps", "episode_steps"):
+        if t.get(key) is not None:
+            check_int(f"train.{key}", t[key], 1)
+    check_int("train.eval_every_episodes", t.eval_every_episodes, 0)
+    check_int("train.eval_episodes", t.eval_episodes, 1)
+    check_int("train.eval_seed", t.eval_seed, 0, MAX_SEED)
+    for key in ("keep_best", "init_value_offset", "normalize_reward"):
+        if t.get(key) is not None:
+            check_bool(f"train.{key}", t[key])
+    # The final evaluation's options, now rather than after hours of training.
+    check_evaluate_options(final_eval_cfg(cfg, Path("model"), Path(".")), prefix="eval.")
     if t.reward_scale != "auto":
         try:
             bad = float(t.reward_scale) <= 0
@@ -91,8 +105,8 @@ def _check_train_cfg(cfg) -> None:
             raise ConfigError(f"train.reward_scale={t.reward_scale!r}; allowed: 'auto' or a number > 0")
     im = cfg.train.get("imitation") or {}
     if im.get("teacher") is not None:
+        from llm_lb_gym._validate import check_choice
         from llm_lb_gym.policies.registry import ROUTERS
-        from llm_lb_gym._validate import check_choice, check_int
 
         check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
         from agents import agent_spec
@@ -338,7 +352,7 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     import torch
 
     from agents import EpisodeMetricsCallback, PeriodicEvalCallback
-    from experiments._accounting import describe_workload
+    from experiments._accounting import describe_workload, filter_note, row_filters
     from experiments._progress import TrainingProgressCallback
     from experiments.evaluate import evaluate
     from llm_lb_gym.envs.builders import build_workload
@@ -349,15 +363,18 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     kw = env_kwargs(cfg)
-    workload = describe_workload(build_workload(kw["workload"], kw.get("arrival_rate_rps")))
+    built = build_workload(kw["workload"], kw.get("arrival_rate_rps"))
+    workload = describe_workload(built)
     say(f"training {cfg.name} on workload {workload}")
+    if filter_note(built):
+        say(filter_note(built))
     t = cfg.train
     rr = measure_round_robin(kw, int(cfg.seed))
     episode_steps = int(t.episode_steps) if t.episode_steps else int(rr["steps"])
     total = int(t.total_timesteps) if t.total_timesteps else int(t.episodes) * episode_steps
     scale = auto_reward_scale(rr) if t.reward_scale == "auto" else float(t.reward_scale)
     write_run_record(out, cfg, episode_steps=episode_steps, total_timesteps=total, reward_scale=scale,
-                     workload=workload)
+                     workload=workload, row_filters=row_filters(built))
 
     agent = build_agent(cfg, kw, total, episode_steps, out / "tb", scale)
     if t.get("init_value_offset", True):

@@ -100,3 +100,8 @@ def grid_index_at_or_after(t: float, dt: float, k_min: int) -> int:
     else:
         raise ArrivalLimitError(f"no grid point k * {dt!r} reaches {t!r} s (grid resolution)")
     return k
+
+MAX_TRAINING_EPISODE = 2**53
+"""Largest training-episode counter (``set_training_episode``, ``reset(options=
+{"guidance_episode": k})``): float64 holds every whole number up to it, so the guidance weight's
+``exp(-decay * k)`` is computed from the exact count."""

@@ -15,6 +15,7 @@ import time
 import warnings
 
 import gymnasium as gym
+import pytest
 import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -184,3 +185,135 @@ def test_random_trace_files_build_or_fail_by_name(tmp_path, trace, rate_scale, s
     else:
         workload["rate_scale"] = rate_scale
     _episode({"workload": workload, "num_requests": n, "num_instances": 2})
+
+
+# -- entry-point options (issue 22, class 4) ----------------------------------------------------
+# Every option an entry point reads gets the env options' treatment: a value of the wrong type,
+# range or set raises ConfigError naming the option; nothing of the standard library or numpy
+# (ValueError from int("x"), IndexError from an empty seed list, ...) escapes.
+EVAL_VALID = {
+    "episodes": st.integers(1, 3),
+    "seed": st.integers(0, 2**40),
+    "policies": st.lists(st.sampled_from(["round_robin", "jsq", "random", "late_binding"]),
+                         min_size=1, max_size=3, unique=True),
+    "baseline": st.just("round_robin"),
+    "policy_options": st.sampled_from([None, {}, {"late_binding": {"period_s": 0.5}}]),
+    "plot": st.booleans(),
+}
+EVAL_BAD = st.one_of(ADVERSARIAL, st.sampled_from([
+    [], ["round_robin", "round_robin"], ["no_such_router"], "jsq", ["jsq", 3],
+    {"no_such_router": {}}, {"jsq": {"no_such_option": 1}}, {"jsq": 3}, "no_such_policy"]))
+
+
+def _evaluate_cfg(values: dict):
+    from omegaconf import OmegaConf
+
+    base = {"episodes": 1, "seed": 0, "policies": ["round_robin"], "baseline": "round_robin",
+            "policy_options": None, "agents": {}, "plot": False, "progress": False,
+            "env": {"num_requests": 10}}
+    return OmegaConf.create({**base, **values})
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), keys=st.lists(st.sampled_from(sorted(EVAL_VALID)), max_size=4, unique=True))
+def test_evaluate_options_pass_or_fail_by_name(data, keys):
+    from experiments._entry_options import check_evaluate_options
+
+    values, bad = {}, []
+    for key in keys:
+        if data.draw(st.booleans()):
+            values[key] = data.draw(EVAL_BAD)
+            bad.append(key)
+        else:
+            values[key] = data.draw(EVAL_VALID[key])
+    if "baseline" not in values and "policies" in values and isinstance(values["policies"], list) \
+            and "round_robin" not in values["policies"]:
+        values["baseline"] = values["policies"][0] if values["policies"] else "round_robin"
+    try:
+        cfg = _evaluate_cfg(values)
+    except Exception as err:   # OmegaConf itself refuses some values (e.g. a set): not ours
+        event(f"omegaconf: {type(err).__name__}")
+        return
+    try:
+        check_evaluate_options(cfg)
+    except ConfigError as err:
+        named = [k for k in (*bad, "baseline", "policy_options", "router") if k in str(err)]
+        assert named, f"error names no option: {err}"
+        event("rejected")
+        return
+    event("accepted")
+
+
+@pytest.mark.parametrize("override, option", [
+    ({"episodes": 0}, "episodes"), ({"episodes": 2.5}, "episodes"), ({"episodes": -1}, "episodes"),
+    ({"policies": []}, "policies"), ({"baseline": "no_such"}, "baseline"),
+    ({"seed": 1.5}, "seed"), ({"policies": "jsq"}, "policies"),
+])
+def test_evaluate_rejects_bad_options_before_running(tmp_path, override, option):
+    from experiments.evaluate import evaluate
+
+    with pytest.raises(ConfigError, match=option):
+        evaluate(_evaluate_cfg(override), out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()   # nothing written, nothing run
+
+
+RESET_VALUES = st.one_of(ADVERSARIAL, st.integers(0, 50), st.integers(-5, -1))
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(options=st.one_of(
+    st.none(), ADVERSARIAL,
+    st.dictionaries(st.sampled_from(["guidance_episode", "batch", "guidance_epsiode", "seed", ""]),
+                    RESET_VALUES, max_size=2)))
+def test_reset_options_pass_or_fail_by_name(options):
+    env = gym.make("LLMCluster-v0", num_requests=8)
+    try:
+        env.reset(seed=0, options=options)
+    except ConfigError as err:
+        assert "reset" in str(err), err
+        event("rejected")
+        return
+    event("accepted")
+    k = (options or {}).get("guidance_episode") if isinstance(options, dict) else None
+    if k is not None:
+        assert isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0
+        assert env.unwrapped.guidance_episode == k
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(k=RESET_VALUES)
+def test_set_training_episode_passes_or_fails_by_name(k):
+    env = gym.make("LLMCluster-v0", num_requests=8, reward={"mode": "workload_guided"})
+    try:
+        env.unwrapped.set_training_episode(k)
+    except ConfigError as err:
+        assert "set_training_episode" in str(err), err
+        return
+    _, info = env.reset(seed=0)
+    assert env.unwrapped.guidance_episode == k and 0.0 <= env.unwrapped._w <= 5.0
+
+
+def test_reset_batch_must_fit_the_episode():
+    from llm_lb_gym.workload import RequestBatch
+
+    env = gym.make("LLMCluster-v0", num_requests=2)
+    big = RequestBatch.from_arrays([0.0, 0.1, 0.2], [10, 10, 10], [5, 5, 5])
+    with pytest.raises(ConfigError, match="batch has 3 requests; allowed: 1 to num_requests=2"):
+        env.reset(seed=0, options={"batch": big})
+    empty = RequestBatch.from_arrays([], [], [])
+    with pytest.raises(ConfigError, match="batch has 0 requests"):
+        env.reset(seed=0, options={"batch": empty})   # was falsy: silently sampled instead
+
+
+@pytest.mark.parametrize("override, option", [
+    ({"load_factors": []}, "load_factors"), ({"load_factors": [0.5, -1]}, r"load_factors\[1\]"),
+    ({"load_factors": "2"}, "load_factors"), ({"load_factors": [1, 1.0]}, "twice"),
+    ({"episodes": 0}, "episodes"), ({"baseline": "jsq"}, "baseline"),
+])
+def test_load_sweep_rejects_bad_options_before_measuring(tmp_path, override, option):
+    from experiments.load_sweep import load_sweep
+
+    cfg = _evaluate_cfg({"load_factors": [0.5, 1.0], **override})
+    with pytest.raises(ConfigError, match=option):
+        load_sweep(cfg, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

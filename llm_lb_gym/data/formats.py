@@ -11,10 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CONTAINERS = ("csv", "jsonl")
-TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "datetime": None}
-"""Arrival-time units: seconds per unit for numbers; ``datetime`` is wall-clock text (ISO-like,
-optional UTC offset such as ``Z`` or ``+05:30``; none means UTC)."""
+TIME_UNITS = {"s": 1, "ms": 1_000, "us": 1_000_000, "datetime": None}
+"""Arrival-time units: units per second for numbers (the reader divides by it: one correctly
+rounded operation); ``datetime`` is wall-clock text (ISO-like, optional UTC offset such as ``Z``
+or ``+05:30``; none means UTC)."""
 ZERO_TOKEN_POLICIES = ("error", "drop")
+
+
+class TraceFormatError(ValueError):
+    """A trace file is malformed; the message names the file, the line and the column."""
+
+    def __init__(self, path, line: int, column: str, problem: str) -> None:
+        super().__init__(f"{path}, line {line}, column {column!r}: {problem}")
+        self.path, self.line, self.column = str(path), line, column
 
 
 @dataclass(frozen=True)

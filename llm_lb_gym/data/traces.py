@@ -15,31 +15,33 @@ count, a count above ``limits.MAX_TOKENS`` (2**31 - 1) or an unparsable timestam
 response tokens; ``error`` for the others), or ``zero_tokens="drop"`` / ``"error"``; dropped
 rows are counted in ``TraceData.dropped_zero_rows``. Rows are sorted by timestamp (stable) if
 the file is not; arrivals are seconds from the earliest row, at most ``limits.MAX_ARRIVAL_S``
-(1e9 s, about 31.7 years; a later row is an error).
+(1e9 s, about 31.7 years; a later row is an error), computed exactly (``timestamps.py``: a
+timestamp float64 cannot hold, or a tenth fractional digit, is an error, never a rounding).
+
+Files must be UTF-8 (a leading byte-order mark is dropped); a byte that is not raises naming its
+line and the column it falls in, as does anything Python's ``csv`` module rejects (a field over
+its ``csv.field_size_limit``, 131,072 characters by default, even in a column the reader
+ignores; a quote left open, which its lenient mode would let swallow the rest of the file).
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
+import io
 import json
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .._validate import check_choice
-from ..limits import MAX_ARRIVAL_S, MAX_TOKENS
-from .formats import TIME_UNITS, TRACE_FORMATS, ZERO_TOKEN_POLICIES, TraceFormat
+from ..limits import MAX_TOKENS
+from .formats import TRACE_FORMATS, ZERO_TOKEN_POLICIES, TraceFormat, TraceFormatError
+from .timestamps import arrivals, parse_datetimes, parse_numbers
 
-
-class TraceFormatError(ValueError):
-    """A trace file is malformed; the message names the file, the line and the column."""
-
-    def __init__(self, path, line: int, column: str, problem: str) -> None:
-        super().__init__(f"{path}, line {line}, column {column!r}: {problem}")
-        self.path, self.line, self.column = str(path), line, column
+__all__ = ["TraceData", "TraceFormatError", "read_trace"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,7 +87,7 @@ def _parse_floats(path, column: str, values, lines: np.ndarray) -> np.ndarray:
     try:
         out = np.asarray(values, dtype=np.float64) if not isinstance(values, np.ndarray) \
             else values.astype(np.float64)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):   # OverflowError: a JSON int past float64
         out = None
     if out is None or not np.all(np.isfinite(out)):
         for value, line in zip(values, lines):
@@ -93,6 +95,9 @@ def _parse_floats(path, column: str, values, lines: np.ndarray) -> np.ndarray:
                 raise TraceFormatError(path, int(line), column, f"{value!r} is not a number")
             try:
                 number = float(value)
+            except OverflowError:
+                raise TraceFormatError(path, int(line), column, f"{str(value)[:40]!r}... is too large "
+                                       "for a float64") from None
             except (ValueError, TypeError):
                 shown = "empty value" if str(value).strip() == "" else f"{value!r} is not a number"
                 raise TraceFormatError(path, int(line), column, shown) from None
@@ -118,94 +123,103 @@ def _parse_tokens(path, column: str, values, lines: np.ndarray) -> np.ndarray:
     return numbers.astype(np.int64)
 
 
-def _parse_datetimes(path, column: str, values, lines: np.ndarray) -> np.ndarray:
-    """Seconds (float64) since the epoch, UTC, from ISO-like datetime strings; a trailing UTC
-    offset (``Z``, ``+05:30``, ``-0800``, ``+01``) is applied, none means UTC."""
-    cleaned, offsets = [], np.zeros(len(values), dtype=np.int64)
-    for i, value in enumerate(values):
-        text, offset_s = _split_offset(value)
-        if offset_s is None:
-            raise TraceFormatError(path, int(lines[i]), column,
-                                   f"{value!r} has a UTC offset outside -23:59..+23:59")
-        cleaned.append(text)
-        offsets[i] = offset_s
-    cleaned = np.array(cleaned)
-    with warnings.catch_warnings():
-        # numpy warns and guesses on an offset it is left to parse: make that a parse error.
-        warnings.simplefilter("error", UserWarning)
-        try:
-            stamps = cleaned.astype("datetime64[ns]")
-        except (ValueError, UserWarning):
-            stamps = None
-        if stamps is None or np.any(np.isnat(stamps)):
-            for value, text, line in zip(values, cleaned, lines):
-                try:
-                    if np.isnat(np.datetime64(text, "ns")):
-                        raise ValueError
-                except (ValueError, UserWarning):
-                    raise TraceFormatError(
-                        path, int(line), column,
-                        f"{value!r} is not a datetime (YYYY-MM-DD HH:MM:SS.fff, optional UTC "
-                        "offset such as Z or +05:30)") from None
-            raise TraceFormatError(path, int(lines[0]), column, "timestamps do not parse as one array")
-    ns = stamps.astype(np.int64)
-    if offsets.any():
-        ns = ns - offsets * 1_000_000_000   # local time minus its offset is UTC
-    return ns.astype(np.float64) * 1e-9
-
-
-def _check_span(path, column: str, arrival: np.ndarray, values, lines: np.ndarray,
-                order: np.ndarray) -> None:
-    """Reject the first row (in time order) past ``limits.MAX_ARRIVAL_S`` after the earliest."""
-    late = np.flatnonzero(~(arrival <= MAX_ARRIVAL_S))
-    if len(late):
-        first, row = int(order[0]), int(order[late[0]])
-        raise TraceFormatError(
-            path, int(lines[row]), column,
-            f"{values[row]!r} is {arrival[late[0]]:.6g} s after the earliest row (line "
-            f"{int(lines[first])}); arrivals are limited to MAX_ARRIVAL_S={MAX_ARRIVAL_S:g} s "
-            "(llm_lb_gym.limits)")
-
-
-_OFFSET = re.compile(r"(.*\d[T ]?\d{1,2}:\d{2}(?::\d{2}(?:\.\d*)?)?)\s*"
-                     r"(?:([Zz])|([+-])(\d{2})(?::?(\d{2}))?)")
-
-
-def _split_offset(text: str) -> tuple[str, int | None]:
-    """(naive datetime text, UTC offset in seconds); offset None when out of range."""
-    text = text.strip()
-    m = _OFFSET.fullmatch(text)
-    if m is None:
-        return text, 0
-    naive, zulu, sign, hours, minutes = m.groups()
-    if zulu:
-        return naive, 0
-    h, mins = int(hours), int(minutes or 0)
-    if h > 23 or mins > 59:
-        return naive, None
-    return naive, (h * 3600 + mins * 60) * (1 if sign == "+" else -1)
-
-
 # -- file readers -------------------------------------------------------------------------------
+_SURROGATE = re.compile("[\udc80-\udcff]")   # an undecodable byte under surrogateescape
+
+
+def _read_text(path: Path, container: str) -> str:
+    """The whole file as text: UTF-8, a leading byte-order mark dropped. A byte that is not
+    UTF-8 raises naming its line, the column (field) it falls in and its offset in the line."""
+    data = path.read_bytes()
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        start = e.start
+    line = data.count(b"\n", 0, start) + 1
+    offset = start - (data.rfind(b"\n", 0, start) + 1) + 1
+    column = _column_of_bad_byte(data.decode("utf-8", "surrogateescape"), line, container)
+    raise TraceFormatError(path, line, column, f"byte 0x{data[start]:02x} (byte {offset} of the "
+                           "line) is not valid UTF-8; trace files must be UTF-8 text")
+
+
+def _column_of_bad_byte(text: str, line: int, container: str) -> str:
+    """The CSV column or JSON field whose value holds the first undecodable byte (the error path
+    only); "(whole line)" when it cannot be told."""
+    try:
+        if container == "csv":
+            reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+            header = next(reader)
+            for row in [header] if _SURROGATE.search(",".join(header)) else reader:
+                for i, field in enumerate(row):
+                    if _SURROGATE.search(field):
+                        return "(header)" if row is header else (
+                            header[i].strip() if i < len(header) else f"field {i + 1}")
+        else:
+            record = json.loads(io.StringIO(text, newline=None).readlines()[line - 1])
+            for key, value in record.items():
+                if _SURROGATE.search(key) or _SURROGATE.search(str(value)):
+                    return key
+    except (csv.Error, ValueError, RecursionError, AttributeError, IndexError, StopIteration):
+        pass
+    return "(whole line)"
+
+
+def _open_field(record: str) -> int:
+    """Index of the field a CSV parser stopped in within ``record``: the first longer than
+    ``csv.field_size_limit()`` (the parser reads the whole line before it raises), else the one
+    open at the end (commas outside quotes)."""
+    limit = csv.field_size_limit()
+    quoted, field, size = False, 0, 0
+    for ch in record:
+        if ch == '"':
+            quoted = not quoted
+        elif ch == "," and not quoted:
+            field, size = field + 1, 0
+        else:
+            size += 1
+            if size > limit:
+                return field
+    return field
+
+
+def _csv_error(path: Path, text: str, first: int, last: int, names: list[str],
+               e: csv.Error) -> TraceFormatError:
+    """``csv.Error`` (a field over Python's ``csv.field_size_limit``, a quote left open at the end
+    of the file, text after a closing quote) as a TraceFormatError at the record's field."""
+    lines = io.StringIO(text, newline="").readlines()
+    i = _open_field("".join(lines[first - 1:last]))
+    column = names[i] if i < len(names) else f"field {i + 1}"
+    return TraceFormatError(path, last, column, f"not valid CSV: {e} (record from line {first})")
+
+
 def _read_csv(path: Path, columns: dict[str, str]) -> tuple[dict[str, list[str]], np.ndarray]:
-    """The named columns as lists of strings, plus each row's line number."""
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f)
+    """The named columns as lists of strings, plus each row's line number. Strict CSV: a quote
+    left open swallows the rest of the file into one field in Python's lenient mode."""
+    text = _read_text(path, "csv")
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
         header = next(reader, None)
-        if header is None:
-            raise TraceFormatError(path, 1, next(iter(columns.values())), "file is empty (no header)")
-        names = [h.strip() for h in header]
-        index = {}
-        for name in columns.values():
-            if name not in names:
-                raise TraceFormatError(path, 1, name,
-                                       f"missing column; header has: {', '.join(names)}")
-            index[name] = names.index(name)
-        need = max(index.values()) + 1
-        out: dict[str, list[str]] = {name: [] for name in index}
-        lines: list[int] = []
+    except csv.Error as e:
+        raise _csv_error(path, text, 1, reader.line_num, [], e) from None
+    if header is None:
+        raise TraceFormatError(path, 1, next(iter(columns.values())), "file is empty (no header)")
+    names = [h.strip() for h in header]
+    index = {}
+    for name in columns.values():
+        if name not in names:
+            raise TraceFormatError(path, 1, name,
+                                   f"missing column; header has: {', '.join(names)}")
+        index[name] = names.index(name)
+    need = max(index.values()) + 1
+    out: dict[str, list[str]] = {name: [] for name in index}
+    lines: list[int] = []
+    done = reader.line_num
+    try:
         for row in reader:
             if not row or (len(row) == 1 and not row[0].strip()):
+                done = reader.line_num
                 continue
             if len(row) < need:
                 missing = next(n for n, i in index.items() if i >= len(row))
@@ -214,6 +228,9 @@ def _read_csv(path: Path, columns: dict[str, str]) -> tuple[dict[str, list[str]]
             for name, i in index.items():
                 out[name].append(row[i])
             lines.append(reader.line_num)
+            done = reader.line_num
+    except csv.Error as e:
+        raise _csv_error(path, text, done + 1, max(reader.line_num, done + 1), names, e) from None
     return out, np.asarray(lines, dtype=np.int64)
 
 
@@ -224,44 +241,62 @@ def _read_jsonl(path: Path, fields: dict[str, str], text_fields: frozenset = fro
     out: dict[str, list] = {name: [] for name in fields.values()}
     hashes: list = []
     lines: list[int] = []
-    with open(path, encoding="utf-8") as f:
-        for number, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceFormatError(path, number, "(whole line)", f"not valid JSON: {e.msg}") from None
-            if not isinstance(record, dict):
-                raise TraceFormatError(path, number, "(whole line)", "not a JSON object")
-            for name in fields.values():
-                if name not in record:
-                    raise TraceFormatError(path, number, name, "missing field")
-                value = record[name]
-                if name in text_fields:
-                    if not isinstance(value, str):
-                        raise TraceFormatError(path, number, name, f"{value!r} is not a string")
-                elif isinstance(value, bool) or not isinstance(value, (int, float)):
-                    raise TraceFormatError(path, number, name, f"{value!r} is not a number")
-                out[name].append(value)
-            if hash_field is not None:
-                ids = record.get(hash_field)
-                if ids is not None and not (isinstance(ids, list) and all(
-                        isinstance(x, int) and not isinstance(x, bool) for x in ids)):
-                    raise TraceFormatError(path, number, hash_field,
-                                           f"{str(ids)[:40]!r} is not a list of integer ids")
-                hashes.append(None if ids is None else tuple(ids))
-            lines.append(number)
+    for number, text in enumerate(io.StringIO(_read_text(path, "jsonl"), newline=None), start=1):
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceFormatError(path, number, "(whole line)", f"not valid JSON: {e.msg}") from None
+        except (ValueError, RecursionError) as e:   # an integer of > 4300 digits; deep nesting
+            raise TraceFormatError(path, number, "(whole line)",
+                                   f"not valid JSON: {str(e)[:120] or type(e).__name__}") from None
+        if not isinstance(record, dict):
+            raise TraceFormatError(path, number, "(whole line)", "not a JSON object")
+        for name in fields.values():
+            if name not in record:
+                raise TraceFormatError(path, number, name, "missing field")
+            value = record[name]
+            if name in text_fields:
+                if not isinstance(value, str):
+                    raise TraceFormatError(path, number, name, f"{str(value)[:40]!r} is not a string")
+            elif isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TraceFormatError(path, number, name, f"{str(value)[:40]!r} is not a number")
+            out[name].append(value)
+        if hash_field is not None:
+            ids = record.get(hash_field)
+            if ids is not None and not (isinstance(ids, list) and all(
+                    isinstance(x, int) and not isinstance(x, bool) for x in ids)):
+                raise TraceFormatError(path, number, hash_field,
+                                       f"{str(ids)[:40]!r} is not a list of integer ids")
+            if ids is not None and len(set(ids)) != len(ids):
+                raise TraceFormatError(path, number, hash_field, _repeat_problem(ids))
+            hashes.append(None if ids is None else tuple(ids))
+        lines.append(number)
     if hash_field is not None:
         out[hash_field] = hashes
     return out, np.asarray(lines, dtype=np.int64)
 
 
-def _parse_times(path, fmt: TraceFormat, values, lines: np.ndarray) -> np.ndarray:
-    """Seconds (float64, absolute; the caller subtracts the earliest) in the format's unit."""
+def _repeat_problem(ids: list) -> str:
+    """A chain id names the whole prefix up to its block, so a repeat is corrupt data (and would
+    let one request's blocks share one cached copy: an over-subscribed KV cache)."""
+    seen: set = set()
+    for i, h in enumerate(ids):
+        if h in seen:
+            return (f"hash id {h} repeats at position {i} (first at {ids.index(h)}); the ids of "
+                    "one prompt's chain must be distinct")
+        seen.add(h)
+    return "hash ids repeat"
+
+
+def _time_keys(path, fmt: TraceFormat, values, lines: np.ndarray):
+    """What ``timestamps.arrivals`` orders and subtracts: numbers in the format's unit, or
+    (whole seconds, nanoseconds) of datetimes."""
     if fmt.time_unit == "datetime":
-        return _parse_datetimes(path, fmt.time_column, values, lines)
-    return _parse_floats(path, fmt.time_column, values, lines) * TIME_UNITS[fmt.time_unit]
+        return parse_datetimes(path, fmt.time_column, values, lines)
+    numbers = _parse_floats(path, fmt.time_column, values, lines)
+    return parse_numbers(path, fmt.time_column, numbers, values, lines)
 
 
 def _parse_tasks(path, fmt: TraceFormat, values, lines: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
@@ -301,21 +336,19 @@ def read_trace(path: str | Path, format: str, zero_tokens: str | None = None) ->
         column = fmt.prompt_column if prompt[i] == 0 else fmt.decode_column
         raise TraceFormatError(path, int(lines[i]), column,
                                "0 tokens; pass zero_tokens='drop' to skip such rows")
-    arrival = None if not fmt.has_timestamps else _parse_times(path, fmt, raw[fmt.time_column], lines)
+    keys = None if not fmt.has_timestamps else _time_keys(path, fmt, raw[fmt.time_column], lines)
     if fmt.task_column is not None:
         task_names, task_id = _parse_tasks(path, fmt, raw[fmt.task_column], lines)
     else:
         task_names, task_id = (path.stem,), np.zeros(len(lines), dtype=np.int64)
 
     order = np.flatnonzero(~zero)
-    if arrival is not None:
-        order = order[np.argsort(arrival[order], kind="stable")]
     if len(order) == 0:
         raise TraceFormatError(path, int(lines[0]), fmt.decode_column,
                                "every row has 0 tokens; nothing left after dropping them")
-    if arrival is not None:
-        arrival = arrival[order] - arrival[order[0]]
-        _check_span(path, fmt.time_column, arrival, raw[fmt.time_column], lines, order)
+    arrival = None
+    if keys is not None:
+        order, arrival = arrivals(path, fmt, keys, raw[fmt.time_column], lines, order)
         arrival.setflags(write=False)
     columns = [prompt[order], decode[order], task_id[order], lines[order]]
     for c in columns:

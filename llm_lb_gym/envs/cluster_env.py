@@ -27,6 +27,7 @@ from .builders import build_predictor, build_workload
 from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
 from .observation import MIXED_CLUSTER_FEATURES, ObservationBuilder
 from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
+from .reset_options import check_episode, check_reset_options
 from .reward import guidance_term, guidance_weight
 from .routers import make_env_router
 
@@ -179,7 +180,7 @@ class LLMClusterEnv(gym.Env):
     def set_guidance_episode(self, k: int) -> None:
         """Set the annealing counter (training episodes so far, across all parallel envs); it
         takes effect at the next reset."""
-        self.guidance_episode = int(k)
+        self.guidance_episode = check_episode("set_training_episode k", k)
         self._episode_ended = False
 
     set_training_episode = set_guidance_episode   # the name agents.callbacks calls
@@ -216,17 +217,19 @@ class LLMClusterEnv(gym.Env):
         return j * self.m + instance
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
+        options = check_reset_options(options, self.cfg.num_requests)
         super().reset(seed=seed)
-        options = options or {}
         if "guidance_episode" in options:
-            self.guidance_episode = int(options["guidance_episode"])
+            self.guidance_episode = options["guidance_episode"]
         elif self._episode_ended:
             # k counts finished episodes, so resets without an episode in between (checkers,
             # seeding) leave the reward unchanged; trainers with parallel envs set it instead.
             self.guidance_episode += 1
         self._episode_ended = False
         rng = self.np_random
-        batch = options.get("batch") or self.workload.sample(rng, self.cfg.num_requests)
+        batch = options.get("batch")
+        if batch is None:
+            batch = self.workload.sample(rng, self.cfg.num_requests)
         self.batch = batch
         pred = self.predictor.predict(batch, rng)
         ob = self.obs_builder

@@ -35,6 +35,13 @@ In a homogeneous cluster all of this is the single instance type's value, as bef
 and not finished: the KV the instance will need if nothing finishes, which is why it is the
 capacity signal (it changes only at routing and completion events, so it costs nothing per step).
 
+The space depends only on what changes an observation's meaning (instances, buckets, features,
+normalisation, queue cap, context length), never on ``num_requests``: a bucket count is bounded
+by ``limits.MAX_REQUESTS`` (the longest episode allowed) and a normalised ``arrivals_left`` by 1,
+so a model trained on 500-request episodes loads and acts on 2,000-request ones, and a vector
+env may mix episode lengths. (The values are the same as before these bounds; only the bounds
+changed.)
+
 The block structure (``ObsLayout``) is what permutation-equivariant networks read: every
 instance block has the same features in the same order, and so has every candidate block.
 """
@@ -46,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from gymnasium import spaces
 
+from ..limits import MAX_REQUESTS
 from ..predictor.buckets import BucketScheme
 from .config import ObsConfig
 
@@ -150,8 +158,12 @@ class ObservationBuilder:
             scale.append(sc)
 
         add(0.0, cfg.queue_cap, s_queue)
-        if self.f_arrivals:
-            add(0.0, num_requests, s_req)
+        free = []   # positions whose bound depended on num_requests before issue 22
+        if self.f_arrivals:   # normalised: the share of the episode still to arrive
+            free.append(len(lo))
+            lo.append(0.0)
+            hi.append(1.0 if norm else float(MAX_REQUESTS))
+            scale.append(s_req)
         for _ in range(self.k):
             add(0.0, context_len * 4, s_tok)      # predicted tokens may exceed the context
             add(0.0, self.n_d - 1, s_bucket)
@@ -165,8 +177,9 @@ class ObservationBuilder:
             s_count = 1.0 / seqs[i] if norm else 1.0
             blocks_i = int(kv_list[i]) // bs_list[i]
             s_blocks_i = 1.0 / max(blocks_i, 1) if norm else 1.0
-            for _ in range(self.n_p + self.n_d):
-                add(0.0, num_requests, s_count)
+            for _ in range(self.n_p + self.n_d):   # any episode length: see the module docstring
+                free.append(len(lo))
+                add(0.0, MAX_REQUESTS, s_count)
             self._round_idx += [len(lo), len(lo) + 1]
             lo.append(-1.0)
             hi.append(1.0)
@@ -188,6 +201,10 @@ class ObservationBuilder:
         self.high = np.array(hi, np.float32)
         self.scale = np.array(scale, np.float32)
         assert len(self.low) == self.size
+        self.episode_free_bounds = np.zeros(self.size, bool)
+        """True where the upper bound was ``num_requests``-derived in earlier versions (bucket
+        counts, ``arrivals_left``): ``agents.factory.load_agent`` loads models saved then."""
+        self.episode_free_bounds[free] = True
         self.box = spaces.Box(self.low, self.high, dtype=np.float32)
 
     def space(self) -> spaces.Space:

@@ -992,7 +992,10 @@ class Engine:
         for r in chain(self.running, self.prefilling):
             n = tb.kv_refs[r]
             refs += n
-            for h in tb.hashes[r][:n] if n else ():
+            held = tb.hashes[r][:n] if n else ()
+            # Distinct ids: a repeat would count two blocks of prompt in one cached copy.
+            assert len(set(held)) == n, f"instance {self.index}: request {r} references a hash twice"
+            for h in held:
                 counts[h] = counts.get(h, 0) + 1
         for r in chain(self.preempted_q, self.waiting_q):
             assert tb.kv_refs[r] == 0, f"waiting request {r} holds cached blocks"

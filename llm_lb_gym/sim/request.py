@@ -29,6 +29,39 @@ class Status(IntEnum):
 REJECT_REASONS = ("exceeds_max_model_len", "exceeds_kv_capacity", "exceeds_max_num_batched_tokens")
 
 
+def repeated_hash(chain) -> tuple[int, int] | None:
+    """(position, id) of the first id that ``chain`` repeats, or None.
+
+    A chain id names the whole prefix up to its block, so one id twice in a chain is corrupt
+    data. The engine counts a cached id's blocks once however often it is referenced; a repeat
+    inside one request would let that request hold several blocks' worth of prompt in the
+    memory of one (an over-subscribed cache that no counter sees), so chains are checked where
+    they enter: the trace reader (file and line), ``RequestBatch`` and this table."""
+    if chain is None or len(set(chain)) == len(chain):
+        return None
+    seen: set = set()
+    for i, h in enumerate(chain):
+        if h in seen:
+            return i, h
+        seen.add(h)
+    return None   # unreachable: a length mismatch means a repeat
+
+
+def check_hash_chains(chains, source: str) -> None:
+    """Raise ValueError naming the first request whose chain repeats an id (``source``: where
+    the chains come from, e.g. ``RequestTable.prefix_hashes``)."""
+    for rid, chain in enumerate(chains):
+        try:
+            bad = repeated_hash(chain)
+        except TypeError:   # a list or dict among the ids, or a chain that is not a sequence
+            raise ValueError(f"{source}[{rid}]={str(chain)[:60]!r} must be a sequence of "
+                             "hashable ids (integers) or None") from None
+        if bad is not None:
+            raise ValueError(
+                f"{source}[{rid}] repeats hash id {bad[1]!r} at position {bad[0]}; a prefix hash "
+                "chain names each block's whole prefix, so its ids must be distinct")
+
+
 @dataclass(frozen=True)
 class Request:
     """One request's record (a read-only row of the table)."""
@@ -63,6 +96,8 @@ class RequestTable:
         # list of Nones. Read only by engines with enable_prefix_caching.
         if prefix_hashes is not None and len(prefix_hashes) != n:
             raise ValueError(f"prefix_hashes has {len(prefix_hashes)} rows, expected {n}")
+        if prefix_hashes is not None:
+            check_hash_chains(prefix_hashes, "RequestTable.prefix_hashes")
         self.hashes: list = [None] * n if prefix_hashes is None else list(prefix_hashes)
         self.hash_block_tokens: int = int(hash_block_tokens)
         self.arrival_s: list[float] = [float(x) for x in arrival_s]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..limits import MAX_TOKENS, check_arrival_span
+from ..sim.request import check_hash_chains
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class RequestBatch:
             if not (isinstance(self.hash_block_tokens, (int, np.integer)) and self.hash_block_tokens >= 1):
                 raise ValueError(f"RequestBatch.hash_block_tokens={self.hash_block_tokens!r} must be "
                                  "an integer >= 1 when prefix_hashes are given")
+            source = self.meta.get("path") or self.meta.get("workload") or "RequestBatch"
+            check_hash_chains(self.prefix_hashes, f"{source}: RequestBatch.prefix_hashes")
         if n:
             if np.any(np.diff(self.arrival_s) < 0):
                 raise ValueError("RequestBatch.arrival_s must be non-decreasing")

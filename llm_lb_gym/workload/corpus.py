@@ -27,6 +27,7 @@ from ..data.store import locate
 from ..limits import MAX_TOKENS
 from .arrivals import ArrivalProcess, PoissonArrivals
 from .batch import RequestBatch
+from .filters import RowFilterReport, cap_rows
 
 
 @lru_cache(maxsize=8)
@@ -48,6 +49,7 @@ class _Rows:
     decode_tokens: np.ndarray
     task_id: np.ndarray
     task_names: tuple[str, ...]
+    report: RowFilterReport | None = None
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class CorpusWorkload:
     def _rows(self) -> _Rows:
         corpus = load_corpus(self.path).split(self.split, self.test_fraction)
         keep = np.ones(len(corpus), dtype=bool)
+        before, limits = {}, {}
         if self.task_filter is not None:
             known = set(corpus.task_names)
             unknown = [t for t in self.task_filter if t not in known]
@@ -101,13 +104,13 @@ class CorpusWorkload:
                 raise ConfigError(f"task_filter has unknown task(s) {', '.join(unknown)}; "
                                   f"allowed: {', '.join(corpus.task_names)}")
             keep &= np.isin(np.asarray(corpus.task_types), list(self.task_filter))
+            before["task_filter"] = int((~keep).sum())
+            limits["task_filter"] = list(self.task_filter)
         prompt = corpus.prompt_tokens
         decode = np.maximum(corpus.decode_tokens, 1)  # the simulator generates at least one token
-        if self.max_prompt_tokens is not None:
-            keep &= prompt <= self.max_prompt_tokens
-        if self.max_context_tokens is not None:
-            keep &= prompt < self.max_context_tokens
-            decode = np.minimum(decode, self.max_context_tokens - prompt)
+        keep, decode, report = cap_rows(f"{self.path} (split {self.split})", prompt, decode, keep,
+                                        self.max_prompt_tokens, self.max_context_tokens,
+                                        before, limits)
         idx = np.flatnonzero(keep)
         if not len(idx):
             raise ConfigError(f"no rows of {self.path} (split={self.split}) pass task_filter="
@@ -116,7 +119,12 @@ class CorpusWorkload:
         names = tuple(sorted(set(tasks)))
         index = {t: i for i, t in enumerate(names)}
         return _Rows(tuple(corpus.prompts[i] for i in idx), prompt[idx], decode[idx],
-                     np.array([index[t] for t in tasks], np.int64), names)
+                     np.array([index[t] for t in tasks], np.int64), names, report)
+
+    @property
+    def row_filters(self) -> RowFilterReport:
+        """What ``task_filter`` and the token caps removed from the split (``filters.py``)."""
+        return self._rows.report
 
     def sample(self, rng: np.random.Generator, num_requests: int) -> RequestBatch:
         check_int("num_requests", num_requests, 0)

@@ -12,7 +12,7 @@ an arrival process.
 Caps mirror the paper's filtering: rows whose prompt exceeds ``max_prompt_tokens`` or leaves no
 room in ``max_context_tokens`` are dropped before windowing (their arrival simply does not
 happen); decode is clipped to the context left after the prompt, as a server stops generating
-at its context limit.
+at its context limit. ``row_filters`` counts both, by reason (``filters.RowFilterReport``).
 
 Parsing is cached per (file, size, mtime, format, zero policy) in-process, so resetting an
 environment never re-reads a 30k-row file.
@@ -33,6 +33,7 @@ from ..data.traces import TraceData, read_trace
 from ..limits import MAX_TOKENS, MIN_RATE_RPS
 from .arrivals import START_CHOICES, ArrivalProcess, trace_window
 from .batch import RequestBatch
+from .filters import RowFilterReport, cap_rows
 
 
 @lru_cache(maxsize=32)
@@ -60,6 +61,7 @@ class _Rows:
     task_id: np.ndarray
     filtered_rows: int
     prefix_hashes: tuple | None = None
+    report: RowFilterReport | None = None
 
 
 @dataclass(frozen=True)
@@ -126,20 +128,24 @@ class TraceWorkload:
     @cached_property
     def _rows(self) -> _Rows:
         d = self.data
-        keep = np.ones(len(d), dtype=bool)
-        if self.max_prompt_tokens is not None:
-            keep &= d.prompt_tokens <= self.max_prompt_tokens
-        decode = d.decode_tokens
-        if self.max_context_tokens is not None:
-            keep &= d.prompt_tokens < self.max_context_tokens
-            decode = np.minimum(decode, self.max_context_tokens - d.prompt_tokens)
+        zero = {"zero_tokens": d.dropped_zero_rows} if d.dropped_zero_rows else {}
+        keep, decode, report = cap_rows(
+            self.path, d.prompt_tokens, d.decode_tokens, np.ones(len(d), dtype=bool),
+            self.max_prompt_tokens, self.max_context_tokens, zero, rows_before=d.dropped_zero_rows)
         if keep.all():
-            return _Rows(d.arrival_s, d.prompt_tokens, decode, d.task_id, 0, d.prefix_hashes)
+            return _Rows(d.arrival_s, d.prompt_tokens, decode, d.task_id, 0, d.prefix_hashes,
+                         report)
         arrival = None if d.arrival_s is None else d.arrival_s[keep]
         hashes = None if d.prefix_hashes is None else tuple(
             h for h, k in zip(d.prefix_hashes, keep) if k)
         return _Rows(arrival, d.prompt_tokens[keep], decode[keep], d.task_id[keep],
-                     int((~keep).sum()), hashes)
+                     int((~keep).sum()), hashes, report)
+
+    @property
+    def row_filters(self) -> RowFilterReport:
+        """What the caps (and the reader's ``zero_tokens="drop"``) removed from the file, by
+        reason; the experiments print it and record it (``workload/filters.py``)."""
+        return self._rows.report
 
     def _length_rows(self, rng: np.random.Generator, n: int, num_rows: int) -> np.ndarray:
         """Row indices for a length-only file: distinct random rows, or the head, cycling."""
