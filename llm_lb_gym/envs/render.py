@@ -94,6 +94,9 @@ def to_ansi(v: ClusterView, bar_width: int = 20) -> str:
 
 def to_rgb_array(v: ClusterView) -> np.ndarray:
     """The same view drawn with matplotlib's Agg canvas: uint8 array of shape (H, W, 3)."""
+    from ..extras import require
+
+    require("plot", 'render_mode="rgb_array"')
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

@@ -101,6 +101,9 @@ def resolve_base_model(name: str) -> str:
 def _load(src: str, num_labels: int | None):
     """Tokenizer and classifier from ``src``, offline; the expected "classifier weights newly
     initialised" report is silenced while loading (the logger's level is restored after)."""
+    from ..extras import require
+
+    require("text", "the transformer predictor", modules=("torch", "transformers", "tokenizers"))
     import transformers
 
     kw = {"local_files_only": True}
