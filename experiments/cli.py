@@ -19,7 +19,7 @@ from llm_lb_gym.extras import missing_extra_message
 PROG = "llm-lb-gym"
 COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "calibrate",
             "calibrate_hardware", "paper_v100", "tune_late_binding", "train_predictor",
-            "eval_predictor", "bench_lookahead", "bench_predictor_latency")
+            "eval_predictor", "bench_lookahead", "bench_predictor_latency", "merge")
 """Modules of ``experiments`` with a ``main()`` that reads ``sys.argv``."""
 
 
