@@ -95,7 +95,9 @@ class LLMClusterEnv(gym.Env):
     ## Rendering
     ``render_mode="ansi"``: ``render()`` returns a text table of the router queue and each
     instance (running, prefilling, waiting, KV blocks used, preemptions, finished);
-    ``"rgb_array"``: the same drawn as an image (``llm_lb_gym/envs/render.py``). Without a
+    ``"rgb_array"``: the same drawn as an image (``llm_lb_gym/envs/render.py``); ``"human"``:
+    the text table printed to stdout after every reset and step (``render()`` returns None; for
+    a pygame window wrap a ``rgb_array`` env in ``gymnasium.wrappers.HumanRendering``). Without a
     render mode ``render()`` returns None. Rendering does not change the episode.
 
     ## Arguments
@@ -291,6 +293,8 @@ class LLMClusterEnv(gym.Env):
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp, _, met = self._advance_until_decision(0)
         obs = self._observe()
+        if self.render_mode == "human":
+            self._render_human()
         # No "metrics" key until an episode ends: vector envs stack each key's values across
         # envs and cannot mix None with the final step's dict.
         return obs, self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0, rc.slo_reward * met)
@@ -344,8 +348,13 @@ class LLMClusterEnv(gym.Env):
             return None
         if self.cluster is None:
             raise RuntimeError("render() before reset()")
+        if self.render_mode == "human":   # printed at every step already
+            return None
         view = snapshot(self.cluster)
         return to_ansi(view) if self.render_mode == "ansi" else to_rgb_array(view)
+
+    def _render_human(self) -> None:
+        print(to_ansi(snapshot(self.cluster)), flush=True)
 
     def metrics(self) -> dict:
         """Episode metrics so far (final once the episode has terminated)."""
@@ -391,6 +400,8 @@ class LLMClusterEnv(gym.Env):
         if terminated:
             self._episode_ended = True
             info["metrics"] = self.metrics()
+        if self.render_mode == "human":
+            self._render_human()
         return obs, float(reward), terminated, False, info
 
     def _guidance(self, position: int | None, instance: int) -> float:
