@@ -10,6 +10,11 @@ Quick start::
     agent.learn(200_000, callback=EpisodeMetricsCallback())
 """
 
+from llm_lb_gym.extras import require
+
+# the agents are torch and Stable-Baselines3: say which extra installs them
+require("rl", "the agents package", modules=("torch", "stable_baselines3", "sb3_contrib"))
+
 from agents.base import Agent, accepts_action_masks, predict_action
 from agents.callbacks import EpisodeMetricsCallback, PeriodicEvalCallback
 from agents.double_dqn import DoubleDQN

@@ -79,7 +79,10 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
                 skipped += 1
                 obs, r, term, trunc, info = base.route_step(choice[1], choice[0])
             else:
-                nxt, r, term, trunc, info = base.step(action)
+                # the teacher's defer as taken, also where the mask forbids it (step would hand
+                # it to action.masked's fallback router): the demonstration is the teacher's
+                nxt, r, term, trunc, info = (base.route_step(base.m) if choice is None
+                                             else base.step(action))
                 records.append((obs, nxt, action, r * reward_scale, term, info["discount"],
                                 info["action_mask"]))
                 obs = nxt

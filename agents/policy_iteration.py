@@ -268,8 +268,9 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
         if policy is None or t_action is None:
             if t_action is None:    # not expressible: follow the teacher, do not record it
                 obs, r, term, trunc, info = env.route_step(t_choice[1], t_choice[0])
-            else:
-                obs, r, term, trunc, info = env.step(t_action)
+            else:   # a teacher's defer as taken, also where the mask forbids it (action.masked)
+                obs, r, term, trunc, info = (env.route_step(env.m) if t_choice is None
+                                             else env.step(t_action))
         else:
             obs, r, term, trunc, info = env.step(policy.act(obs, mask, t_action))
         if term or trunc:

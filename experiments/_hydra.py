@@ -23,7 +23,19 @@ def hydra_main(config_name: str):
     import hydra
 
     def decorate(task):
-        run = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name=config_name)(task)
+        @functools.wraps(task)
+        def task_with_clear_data_errors(cfg):
+            # A dataset that is missing (or fails its checksum) is the user's to fix, and the
+            # message says how: print it alone, not after Hydra's traceback.
+            from llm_lb_gym.data.store import DataError
+
+            try:
+                return task(cfg)
+            except DataError as err:
+                raise SystemExit(f"error: {err}") from None
+
+        run = hydra.main(version_base="1.3", config_path=CONF_DIR,
+                         config_name=config_name)(task_with_clear_data_errors)
 
         @functools.wraps(task)
         def main(cfg_passthrough=None):

@@ -14,10 +14,12 @@ import importlib.util
 import sys
 from typing import Sequence
 
+from llm_lb_gym.extras import missing_extra_message
+
 PROG = "llm-lb-gym"
 COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "calibrate",
             "calibrate_hardware", "paper_v100", "tune_late_binding", "train_predictor",
-            "eval_predictor", "bench_lookahead", "bench_predictor_latency", "improve")
+            "eval_predictor", "bench_lookahead", "bench_predictor_latency", "merge", "improve")
 """Modules of ``experiments`` with a ``main()`` that reads ``sys.argv``."""
 
 
@@ -60,11 +62,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: unknown command {args[0]!r}; allowed: {', '.join(COMMANDS)} "
               f"(see {PROG} --help)", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"experiments.{command}")
     saved = sys.argv
     sys.argv = [f"{PROG} {command}", *args[1:]]   # argparse's prog, and the run record's command
     try:
-        module.main()
+        importlib.import_module(f"experiments.{command}").main()
+    except ModuleNotFoundError as exc:   # a core-only install: name the extra, skip the traceback
+        message = missing_extra_message(exc)
+        if message is None:
+            raise
+        print(f"{PROG} {command}: {message}", file=sys.stderr)
+        return 1
     finally:
         sys.argv = saved
     return 0

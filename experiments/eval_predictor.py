@@ -11,6 +11,12 @@ model's own corpus), and the same classifier without the task hint (when it was 
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym eval_predictor", modules=("hydra", "omegaconf"))
+require("text", "llm-lb-gym eval_predictor")
+
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf

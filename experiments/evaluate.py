@@ -13,6 +13,11 @@ Student-t confidence interval over episodes.
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym evaluate")
+
 import csv
 import math
 import time

@@ -17,6 +17,11 @@ rate; a timestamped trace is scaled with its ``workload.rate_scale`` instead and
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym load_sweep")
+
 import math
 import time
 from pathlib import Path

@@ -20,6 +20,11 @@ Rows of the same policy and episode seed from several jobs:
   ``wg_rl [seed=1]``, and an extra table gives each such policy's change vs the baseline across
   the jobs: the mean over jobs of each job's paired change, with a 95% CI over jobs.
 
+When the baseline's own rows differ between jobs (a sweep over settings: every policy, round
+robin included, ran other episodes in each job), a change is only meaningful within a job: the
+summary then has one table per job, each against that job's baseline, and the across-jobs
+table pairs each job's policy with the same job's baseline.
+
 ``reproduction.md`` files of the jobs (a sweep of ``reproduce``) are concatenated into
 ``merged/reproduction.md`` under a heading naming each job's overrides; ``python -m
 experiments.figures <sweep>`` draws every job's figures.
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -105,19 +111,30 @@ def merge_rows(parts: list[tuple[str, list[dict]]]) -> tuple[list[dict], dict[st
     return merged, names
 
 
+def _job_of(policy: str, name: str) -> str:
+    """The job label in a split policy's name ``<policy> [<label>]``."""
+    return name[len(policy) + 2:-1]
+
+
 def across_jobs(rows: list[dict], names: dict[str, list[str]], baseline: str) -> str:
-    """Per split policy: the mean over jobs of each job's paired % change vs ``baseline``, with
-    a 95% Student-t CI over jobs."""
+    """Per split policy: the mean over jobs of each job's paired % change vs ``baseline`` (the
+    same job's baseline when the baseline is split too), with a 95% Student-t CI over jobs."""
     from scipy import stats
 
     from experiments.evaluate import paired_change
 
-    base = {r["seed"]: r["mean_e2e_s"] for r in rows if r["policy"] == baseline}
+    def base_of(name: str) -> dict:
+        b = f"{baseline} [{_job_of(policy, name)}]" if baseline in names else baseline
+        return {r["seed"]: r["mean_e2e_s"] for r in rows if r["policy"] == b}
+
     lines = [f"| policy | jobs | mean E2E vs {baseline}, mean over jobs (95% CI over jobs) | per job |",
              "|---|---|---|---|"]
     for policy, variants in names.items():
+        if policy == baseline:
+            continue
         changes = []
         for name in variants:
+            base = base_of(name)
             own = {r["seed"]: r["mean_e2e_s"] for r in rows if r["policy"] == name}
             seeds = sorted(set(own) & set(base))
             if seeds:
@@ -136,6 +153,22 @@ def _baseline(job_csv: Path) -> str:
 
     f = job_csv.parent / "resolved_config.yaml"
     return str(OmegaConf.load(f).get("baseline", BASELINE)) if f.exists() else BASELINE
+
+
+def per_job_tables(rows: list[dict], names: dict[str, list[str]], baseline: str,
+                   labels: list[str]) -> str:
+    """One ``summarize`` table per job, each against that job's own baseline rows (the rows kept
+    once, identical in every job, appear in each job's table)."""
+    from experiments.evaluate import summarize
+
+    own_name = {n: p for p, variants in names.items() for n in variants}
+    parts = []
+    for label in labels:
+        mine = [{**r, "policy": own_name[r["policy"]]} for r in rows
+                if r["policy"] in own_name and _job_of(own_name[r["policy"]], r["policy"]) == label]
+        mine += [r for r in rows if r["policy"] not in own_name]
+        parts.append(f"### {label}\n\n" + summarize(mine, baseline))
+    return "\n\n".join(parts)
 
 
 def merge(sweep: Path, out: Path | None = None) -> dict[str, Path]:
@@ -165,9 +198,15 @@ def merge(sweep: Path, out: Path | None = None) -> dict[str, Path]:
             w.writeheader()
             w.writerows(rows)
         seeds = sorted({r["seed"] for r in rows})
-        text = (f"Merged from {len(files)} jobs of {sweep} ({', '.join(labels[j] for j, _ in files)}): "
-                f"{len(seeds)} episodes, seeds {seeds[0]}..{seeds[-1]}.\n\n" + summarize(rows, baseline) + "\n")
-        if names:
+        head = (f"Merged from {len(files)} jobs of {sweep} ({', '.join(labels[j] for j, _ in files)}): "
+                f"{len(seeds)} episodes, seeds {seeds[0]}..{seeds[-1]}.\n\n")
+        if baseline in names:   # the jobs ran different episodes: compare within each job
+            text = head + (f"The baseline {baseline} differs between jobs: one table per job, each vs "
+                           f"its own {baseline}.\n\n"
+                           + per_job_tables(rows, names, baseline, [labels[j] for j, _ in files]) + "\n")
+        else:
+            text = head + summarize(rows, baseline) + "\n"
+        if len(names) > (baseline in names):
             text += "\nAcross jobs:\n\n" + across_jobs(rows, names, baseline) + "\n"
         (dest.parent / "summary.md").write_text(text)
         written[rel] = dest.parent / "summary.md"
@@ -181,7 +220,8 @@ def merge(sweep: Path, out: Path | None = None) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m experiments.merge",
+    prog = sys.argv[0] if sys.argv[0].startswith("llm-lb-gym") else "python -m experiments.merge"
+    ap = argparse.ArgumentParser(prog=prog,
                                  description="Merge the evaluations of a --multirun sweep into one table each.")
     ap.add_argument("sweep", type=Path, help="the sweep folder (hydra.sweep.dir)")
     ap.add_argument("--out", type=Path, default=None, help="default: <sweep>/merged")

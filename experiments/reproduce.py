@@ -21,6 +21,11 @@ reports changes (negative = faster). The table here uses the paper's sign.
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym reproduce")
+
 import contextlib
 import json
 import math

@@ -47,6 +47,11 @@ Why the pieces are as they are:
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym train")
+
 import functools
 import inspect
 import json

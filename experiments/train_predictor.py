@@ -13,6 +13,12 @@ readable by ``make_predictor("confusion", path=...)``), the resolved config and 
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym train_predictor", modules=("hydra", "omegaconf"))
+require("text", "llm-lb-gym train_predictor")
+
 import dataclasses
 import shutil
 import time

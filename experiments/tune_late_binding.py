@@ -14,6 +14,11 @@ point, the mean over the seeds of each episode's mean E2E relative to round robi
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym tune_late_binding")
+
 import argparse
 import itertools
 

@@ -20,7 +20,7 @@ FEATURES = ["arrivals_left", "age", "block_need", "free_kv_blocks", "waiting_blo
 def _fill_queue(env, steps=8):
     env.reset(seed=1)
     for _ in range(steps):
-        env.step(env.defer_action)
+        env.route_step(env.m)   # defer as a router does (step's defer is masked on an idle cluster)
     assert len(env.cluster.queue) > 8
 
 
@@ -60,7 +60,9 @@ def test_starvation_bound_puts_overdue_requests_first():
 
 
 def test_empty_slots_are_masked_and_a_no_op():
-    env = LLMClusterEnv(action={"candidates": 4, "order": "shortest"}, num_requests=30, arrival_rate_rps=2.0)
+    # as_taken: package 0.4's meaning of a masked action (the default's is in test_masked_actions)
+    env = LLMClusterEnv(action={"candidates": 4, "order": "shortest", "masked": "as_taken"},
+                        num_requests=30, arrival_rate_rps=2.0)
     env.reset(seed=0)
     assert len(env.candidates) == 1
     mask = env.action_masks()
@@ -112,7 +114,8 @@ def test_router_teacher_guidance_is_zero_when_followed_and_negative_otherwise():
         _, _, _, _, info = env.step(other)          # disagree
         assert info["reward_components"]["guidance"] == -1.0
     # deferring while the mixing teacher would route is penalised too
-    env = LLMClusterEnv(reward={"mode": "workload_aware", "guidance_scale": 1.0}, **BUSY)
+    env = LLMClusterEnv(reward={"mode": "workload_aware", "guidance_scale": 1.0},
+                        action={"masked": "as_taken"}, **BUSY)   # the defer is masked: take it
     env.reset(seed=1)
     _, _, _, _, info = env.step(env.defer_action)
     assert info["reward_components"]["guidance"] == -1.0

@@ -269,3 +269,22 @@ def test_registered_trace_workload_reads_the_checked_file(data_dir, tiny_registe
     assert w.dataset == "tiny" and w.task_names == ("tiny",) and len(w.data) == 24
     own = make_workload("tiny", path=str(AZURE))   # path= replays a file of your own instead
     assert own.dataset is None and own.path == str(AZURE)
+
+
+def test_cli_verify_fails_when_no_dataset_is_found(data_dir, capsys):
+    """An empty or wrong data folder must not pass: nothing verified is an error."""
+    assert cli(["verify"]) == 1
+    captured = capsys.readouterr()
+    assert "azure_conv: missing" in captured.out
+    assert "no dataset found, nothing verified" in captured.err and str(data_dir) in captured.err
+
+
+def test_failed_fetch_leaves_no_empty_folder(data_dir, capsys):
+    """The download folder (and its traces/ subfolder) made for a failed fetch is removed."""
+    assert not (data_dir / "traces").exists()
+    assert cli(["fetch", "azure_code", "--from", str(AZURE), "--quiet"]) == 1
+    assert list(data_dir.iterdir()) == []
+    (data_dir / "traces").mkdir()
+    (data_dir / "traces" / "keep.csv").write_text("x")   # a folder in use is kept
+    assert cli(["fetch", "azure_code", "--from", str(AZURE), "--quiet"]) == 1
+    assert [p.name for p in (data_dir / "traces").iterdir()] == ["keep.csv"]

@@ -132,13 +132,15 @@ def test_action_mask_and_invalid_actions():
 
 
 def test_defer_advances_one_interval_and_routing_keeps_the_clock():
-    env = LLMClusterEnv(**SMALL)
+    # The first defer is masked (a request waits on an idle cluster): carried out as taken here;
+    # the default hands it to the fallback router (tests/test_masked_actions.py).
+    env = LLMClusterEnv(action={"masked": "as_taken"}, **SMALL)
     env.reset(seed=0)
     t0 = env.cluster.t
     _, _, _, _, info = env.step(env.m)   # defer
     assert info["time_s"] == pytest.approx(t0 + 0.02)
     # Route with two requests waiting: the next decision comes at the same time.
-    env2 = LLMClusterEnv(arrival_rate_rps=500.0, num_requests=50)
+    env2 = LLMClusterEnv(arrival_rate_rps=500.0, num_requests=50, action={"masked": "as_taken"})
     env2.reset(seed=0)
     for _ in range(3):
         env2.step(env2.m)

@@ -16,7 +16,7 @@ PACKAGE = "llm_lb_gym"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 LAYERS = ("sim", "data", "workload", "predictor", "policies", "envs", "rollout")
 """Bottom first: a module may import its own layer and those before it."""
-SHARED = {f"{PACKAGE}._validate", f"{PACKAGE}.limits"}
+SHARED = {f"{PACKAGE}._validate", f"{PACKAGE}.limits", f"{PACKAGE}.extras"}
 """Leaf helpers every layer may use (they import nothing of the package)."""
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 """(module, layer) pairs that point up today, each with the reason it is tolerated (none since

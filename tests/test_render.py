@@ -29,7 +29,7 @@ def _run(env, steps: int, seed: int = 0):
 
 
 def test_metadata_lists_the_supported_modes():
-    assert LLMClusterEnv.metadata["render_modes"] == list(RENDER_MODES) == ["ansi", "rgb_array"]
+    assert LLMClusterEnv.metadata["render_modes"] == list(RENDER_MODES) == ["ansi", "rgb_array", "human"]
     assert LLMClusterEnv.metadata["render_fps"] > 0
 
 
@@ -101,8 +101,8 @@ def test_no_render_mode_returns_none_with_gymnasiums_warning():
 
 
 def test_invalid_render_mode_names_the_allowed_values():
-    with pytest.raises(ConfigError, match=r"render_mode='human' is not valid; allowed: None, ansi, rgb_array"):
-        LLMClusterEnv(render_mode="human", **SMALL)
+    with pytest.raises(ConfigError, match=r"render_mode='window' is not valid; allowed: None, ansi, rgb_array, human"):
+        LLMClusterEnv(render_mode="window", **SMALL)
     with pytest.raises(ConfigError, match=r"render_mode='text' is not valid"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")   # gym.make warns first that the mode is unknown
@@ -128,3 +128,29 @@ def test_check_env_with_render_checks_and_warnings_as_errors(mode):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_env(env.unwrapped)
+
+
+def test_human_prints_the_text_table_each_step_without_pygame(capsys, monkeypatch):
+    """gym.make(render_mode="human") used to wrap the env in HumanRendering, which failed with
+    pygame's import error; the env now renders "human" itself, as text on stdout."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pygame(name, *args, **kwargs):
+        if name.split(".")[0] == "pygame":
+            raise ImportError("No module named 'pygame'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pygame)
+    env = gym.make("LLMCluster-v0", render_mode="human", **SMALL)
+    assert env.unwrapped.render_mode == "human"
+    env.reset(seed=0)
+    env.step(0)
+    env.step(1)
+    out = capsys.readouterr().out
+    assert out.count("router queue") == 3 and out.startswith("t=0.000 s  arrived")
+    assert env.render() is None and capsys.readouterr().out == ""
+    ansi = LLMClusterEnv(render_mode="ansi", **SMALL)
+    ansi.reset(seed=0)
+    assert ansi.render() in out   # the same table as ansi's

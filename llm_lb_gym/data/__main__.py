@@ -4,8 +4,8 @@
 and citation; ``fetch`` downloads (or, with ``--from FILE``, copies a file you downloaded) and
 checks it against the registered SHA-256; ``verify`` checks every copy found; ``path`` prints
 the checked file's path (for shell use: ``data.path=$(python -m llm_lb_gym.data path azure_conv)``).
-Exit status: 0 on success, 1 when a file is missing or wrong, 2 on a usage error (such as an
-unknown name).
+Exit status: 0 on success, 1 when a file is missing or wrong (``verify`` without names: when
+no dataset at all is found), 2 on a usage error (such as an unknown name).
 """
 
 from __future__ import annotations
@@ -110,8 +110,11 @@ def cmd_fetch(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    """Exit 1 on a mismatch, on a named dataset that is missing, or when no dataset at all is
+    found (nothing was verified: a wrong ``LLM_LB_GYM_DATA`` must not pass as success)."""
     status = 0
-    for r in verify(args.names or None):
+    results = verify(args.names or None)
+    for r in results:
         if r.status == "ok":
             print(f"{r.name}: ok  {r.path}")
         elif r.status == "missing":
@@ -120,6 +123,10 @@ def cmd_verify(args) -> int:
         else:
             print(f"{r.name}: MISMATCH  {r.detail}")
             status = 1
+    if not args.names and all(r.status == "missing" for r in results):
+        print(f"error: no dataset found, nothing verified.\n{_where()}\n"
+              "Fetch one with: python -m llm_lb_gym.data fetch NAME", file=sys.stderr)
+        status = 1
     return status
 
 

@@ -182,7 +182,9 @@ def _open_source(source: str, timeout_s: float):
 def _copy_checked(ds: Dataset, source: str, target: Path,
                   progress: Callable[[int, int], None] | None) -> None:
     """Copy ``source`` to ``target`` through a temporary file, hashing on the way; the target
-    appears only when size and SHA-256 match."""
+    appears only when size and SHA-256 match. Folders made for it are removed again when it
+    does not (a failed fetch leaves no empty data folder behind)."""
+    made = [d for d in (target.parent, *target.parent.parents) if not d.exists()]
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
     digest, size = hashlib.sha256(), 0
@@ -202,6 +204,12 @@ def _copy_checked(ds: Dataset, source: str, target: Path,
         os.replace(part, target)
     finally:
         part.unlink(missing_ok=True)
+        if not target.exists():
+            for d in made:   # deepest first
+                try:
+                    d.rmdir()
+                except OSError:   # not empty (another file landed there): keep it
+                    break
 
 
 def fetch(name_or_dataset: str | Dataset, source: str | None = None, *, force: bool = False,

@@ -51,6 +51,15 @@ class LLMClusterEnv(gym.Env):
     (waits one interval). Routing with an empty queue is a no-op (masked out in
     ``info["action_mask"]`` and ``action_masks()``).
 
+    Masked actions (``action.masked``): an agent that ignores the mask, as most DQN code does,
+    cannot stall an episode. By default (``fallback``) ``step`` hands a masked action (a defer
+    while requests wait on an idle cluster, an empty candidate slot) to the fallback router
+    (``action.fallback_router``, JSQ), which routes a queued request; from the episode's first
+    masked action on, defers are also budgeted (``action.defer_budget``: one per arrived
+    request), so an always-defer agent finishes in at most twice round robin's steps. Agents
+    that respect the mask never meet either rule. ``masked="as_taken"`` keeps package 0.4's
+    meaning (a masked defer waits; an empty slot is a no-op; an always-defer agent never ends).
+
     ## Observation Space
     A flat ``Box`` of ``4 + m (n_p + n_d + 2)`` floats (``obs={"as_dict": True}`` gives a
     ``Dict``); the index table is in ``llm_lb_gym/envs/observation.py`` and the README: queue
@@ -87,7 +96,9 @@ class LLMClusterEnv(gym.Env):
     ## Rendering
     ``render_mode="ansi"``: ``render()`` returns a text table of the router queue and each
     instance (running, prefilling, waiting, KV blocks used, preemptions, finished);
-    ``"rgb_array"``: the same drawn as an image (``llm_lb_gym/envs/render.py``). Without a
+    ``"rgb_array"``: the same drawn as an image (``llm_lb_gym/envs/render.py``); ``"human"``:
+    the text table printed to stdout after every reset and step (``render()`` returns None; for
+    a pygame window wrap a ``rgb_array`` env in ``gymnasium.wrappers.HumanRendering``). Without a
     render mode ``render()`` returns None. Rendering does not change the episode.
 
     ## Arguments
@@ -121,6 +132,9 @@ class LLMClusterEnv(gym.Env):
       against the profiles). The default (V100) preset, the catalog and every result on them are unchanged,
       bit for bit; settings on the refitted presets move (``docs/heterogeneous.md`` and the
       capacities in ``docs/reproduction.md`` were re-measured).
+    - v0 (after package 0.4): ``action.masked=fallback`` by default: masked actions route by the
+      fallback router instead of being carried out. Episodes with no masked action (heuristic
+      routers, mask-respecting agents, imitation) are unchanged, bit for bit.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
@@ -175,6 +189,12 @@ class LLMClusterEnv(gym.Env):
         self.batch: RequestBatch | None = None
         self._teacher = None
         self._cands: tuple[int, ...] = ()
+        self._fallback_on = act.masked == "fallback"
+        self._fallback = None          # built on the first masked action (masked=fallback)
+        self._defers = 0               # defers with requests waiting, this episode
+        self._guarded = False          # the agent took a masked action: budget its defers
+        self.masked_actions = 0
+        """Masked actions ``step`` handed to the fallback router this episode."""
 
     # ------------------------------------------------------------------ API
     def set_guidance_episode(self, k: int) -> None:
@@ -187,16 +207,23 @@ class LLMClusterEnv(gym.Env):
 
     def action_masks(self) -> np.ndarray:
         """Valid actions: route one of the current candidates to any instance; defer, unless
-        requests wait on an idle cluster (``action.mask_idle_defer``)."""
+        requests wait on an idle cluster (``action.mask_idle_defer``) or, under
+        ``action.masked=fallback``, the episode's defers have used ``action.defer_budget``."""
         mask = np.zeros(self.defer_action + 1, dtype=bool)
         n = len(self._cands)
         if n:
             mask[:n * self.m] = True
             c = self.cluster
-            mask[-1] = not (self.cfg.action.mask_idle_defer and all(e.idle() for e in c.engines))
+            mask[-1] = not ((self.cfg.action.mask_idle_defer and all(e.idle() for e in c.engines))
+                            or self._defer_budget_spent())
         else:
             mask[-1] = True
         return mask
+
+    def _defer_budget_spent(self) -> bool:
+        budget = self.cfg.action.defer_budget
+        return (self._guarded and budget is not None
+                and self._defers >= budget * self.cluster.n_arrived)
 
     @property
     def candidates(self) -> tuple[int, ...]:
@@ -262,21 +289,46 @@ class LLMClusterEnv(gym.Env):
             self._teacher.reset(np.random.default_rng(rng.integers(2**63)), self.m)
         self._finished_seen = 0
         self._met_seen = 0
+        self._defers = 0
+        self._guarded = False
+        self.masked_actions = 0
+        self._fallback_seeded = False
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp, _, met = self._advance_until_decision(0)
         obs = self._observe()
+        if self.render_mode == "human":
+            self._render_human()
         # No "metrics" key until an episode ends: vector envs stack each key's values across
         # envs and cannot mix None with the final step's dict.
         return obs, self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0, rc.slo_reward * met)
 
     def step(self, action):
         a = coerce_action(action, self.defer_action + 1)
+        if self._fallback_on and self.cluster is not None and self.cluster.queue \
+                and not self.action_masks()[a]:
+            return self._fallback_step()
         if a < len(self._cands) * self.m:
             rid = self._cands[a // self.m]
             q = self.cluster.queue
             pos = 0 if q[0] == rid else q.index(rid)
             return self._transition(pos, a % self.m)
         return self._transition(None, self.m)   # defer (or a slot with no request: a no-op)
+
+    def _fallback_step(self):
+        """A masked action under ``action.masked=fallback``: the fallback router decides. Its
+        RNG is drawn from ``np_random`` at the episode's first masked action, so episodes
+        without one are exactly as before and the same seed still gives the same episode."""
+        if self._fallback is None:
+            self._fallback = make_env_router(self.cfg.action.fallback_router, self)
+        if not self._fallback_seeded:
+            self._fallback.reset(np.random.default_rng(self.np_random.integers(2**63)), self.m)
+            self._fallback_seeded = True
+        self.masked_actions += 1
+        self._guarded = True
+        choice = decide(self.cluster, self._fallback)
+        if choice is None:   # a holding router declined: route the oldest request anyway
+            choice = (0, min(range(self.m), key=lambda i: self.cluster.engines[i].committed_tokens))
+        return self._transition(*choice)
 
     def route_step(self, instance: int, position: int = 0):
         """``step`` in the routers' terms (``policies.drive.decide``): route the request at
@@ -299,8 +351,13 @@ class LLMClusterEnv(gym.Env):
             return None
         if self.cluster is None:
             raise RuntimeError("render() before reset()")
+        if self.render_mode == "human":   # printed at every step already
+            return None
         view = snapshot(self.cluster)
         return to_ansi(view) if self.render_mode == "ansi" else to_rgb_array(view)
+
+    def _render_human(self) -> None:
+        print(to_ansi(snapshot(self.cluster)), flush=True)
 
     def metrics(self) -> dict:
         """Episode metrics so far (final once the episode has terminated)."""
@@ -320,6 +377,8 @@ class LLMClusterEnv(gym.Env):
         h = self._guidance(position, instance) if self._guided and c.queue else 0.0
         if position is not None:
             c.route(instance, position)
+        elif c.queue:
+            self._defers += 1
         pen = comp = met = 0.0
         if position is None or self.cfg.one_action_per_interval:
             p, n, nm = self._tick()      # the step's first interval: weight 1
@@ -344,6 +403,8 @@ class LLMClusterEnv(gym.Env):
         if terminated:
             self._episode_ended = True
             info["metrics"] = self.metrics()
+        if self.render_mode == "human":
+            self._render_human()
         return obs, float(reward), terminated, False, info
 
     def _guidance(self, position: int | None, instance: int) -> float:

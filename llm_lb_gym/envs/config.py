@@ -24,6 +24,7 @@ PENALTIES = ("paper", "latency")
 GUIDANCE_FORMS = ("weight", "hurl")
 MIXING_TEACHER = "mixing"
 ORDERS = ("oldest", "shortest")
+MASKED = ("fallback", "as_taken")
 
 
 def _build(cls, value, kind: str):
@@ -144,6 +145,22 @@ class ActionConfig:
     mask_idle_defer: bool = True
     """Mask defer while requests wait and every instance is idle: waiting then only delays,
     and a policy that defers forever at an episode's end would otherwise never finish."""
+    masked: str = "fallback"
+    """What ``step`` does with an action ``info["action_mask"]`` forbids (agents that ignore the
+    mask, as most DQN code does). ``fallback``: route the oldest queued request as
+    ``fallback_router`` would, so no agent can stall an episode (``defer_budget`` bounds
+    defers). ``as_taken``: carry it out as given, as package 0.4 and the paper did: a masked
+    defer waits one interval, a slot with no request is a no-op, ``defer_budget`` is ignored,
+    and an agent that always defers never finishes."""
+    fallback_router: str = "jsq"
+    """The router (``llm_lb_gym.policies``) that decides a masked action under ``fallback``."""
+    defer_budget: float | None = 1.0
+    """Under ``fallback``, once the agent has taken a masked action in the episode (it ignores
+    the mask): defer is masked while the episode's defers number at least this many per request
+    arrived so far (1.0: a request is held one interval on average), so an always-defer agent
+    takes at most twice round robin's steps. An agent that never takes a masked action never
+    meets the budget (its episodes are exactly as under ``as_taken``); heuristic routers
+    (``route_step``) never read the mask. None: no budget."""
 
     def __post_init__(self) -> None:
         check_int("action.candidates", self.candidates, 1, 64)
@@ -151,6 +168,12 @@ class ActionConfig:
         if self.max_wait_s is not None:
             check_range("action.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
         check_bool("action.mask_idle_defer", self.mask_idle_defer)
+        check_choice("action.masked", self.masked, MASKED)
+        from ..policies.registry import ROUTERS
+
+        check_choice("action.fallback_router", self.fallback_router, ROUTERS)
+        if self.defer_budget is not None:
+            check_range("action.defer_budget", self.defer_budget, 0.0)
 
 
 @dataclass(frozen=True)
@@ -230,7 +253,8 @@ class EnvConfig:
     reward: Any = None
     obs: Any = None
     action: Any = None
-    """ActionConfig or its options: candidates, order, max_wait_s, mask_idle_defer."""
+    """ActionConfig or its options: candidates, order, max_wait_s, mask_idle_defer, masked,
+    fallback_router, defer_budget."""
     decision_interval_s: float = 0.02
     """Time between router decisions (paper: 0.02 s, the minimum decode batch time)."""
     one_action_per_interval: bool = False

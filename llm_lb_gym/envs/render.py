@@ -11,7 +11,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RENDER_MODES = ("ansi", "rgb_array")
+RENDER_MODES = ("ansi", "rgb_array", "human")
+"""``human`` prints the ``ansi`` table to stdout after every reset and step (Gymnasium's "current
+display or terminal"; ``render()`` then returns None). Declaring it keeps ``gym.make`` from
+wrapping the env in its pygame window (``HumanRendering``), which failed with pygame's import
+error when pygame is absent; for a window, wrap a ``rgb_array`` env in ``HumanRendering``."""
 RGB_SIZE_PX = (640, 360)
 """Width and height of an ``rgb_array`` frame."""
 
@@ -94,6 +98,9 @@ def to_ansi(v: ClusterView, bar_width: int = 20) -> str:
 
 def to_rgb_array(v: ClusterView) -> np.ndarray:
     """The same view drawn with matplotlib's Agg canvas: uint8 array of shape (H, W, 3)."""
+    from ..extras import require
+
+    require("plot", 'render_mode="rgb_array"')
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

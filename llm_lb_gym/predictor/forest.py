@@ -76,6 +76,9 @@ class ForestPredictor:
     @staticmethod
     def fit(corpus: Corpus, scheme: BucketScheme, settings: ForestSettings = ForestSettings(),
             seed: int = 0) -> "ForestPredictor":
+        from ..extras import require
+
+        require("text", "the metadata forest predictor", modules=("sklearn",))
         from sklearn.ensemble import RandomForestClassifier
 
         task_names = corpus.task_names

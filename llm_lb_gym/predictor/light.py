@@ -67,6 +67,9 @@ class LightTextModel:
 
     @staticmethod
     def fit(texts, labels, num_labels: int, settings: LightSettings = LightSettings(), seed: int = 0) -> "LightTextModel":
+        from ..extras import require
+
+        require("text", "the light text predictor", modules=("sklearn",))
         from sklearn.feature_extraction.text import HashingVectorizer, TfidfTransformer
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline

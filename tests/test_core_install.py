@@ -1,0 +1,113 @@
+"""The core install runs the env: everything outside the core dependencies blocked in a subprocess.
+
+A fresh process gets a ``sys.meta_path`` finder that refuses every module an extra provides
+(torch, transformers, Hydra, Stable-Baselines3, scikit-learn, matplotlib, ...), so it sees what a
+``pip install llm_lb_gym`` user sees. There ``import llm_lb_gym``, ``gym.make`` and every
+heuristic router must run; code that needs an extra must name the extra. ``.ci/run`` also
+installs the package with its core dependencies alone into a fresh venv and steps the env.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:   # Python 3.10
+    tomllib = pytest.importorskip("tomli")
+
+from llm_lb_gym.extras import EXTRAS
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKED = sorted({m for mods in EXTRAS.values() for m in mods}
+                 | {"pandas", "pygame", "onnxscript", "yaml", "hypothesis_not_needed"})
+"""Every module of an extra, plus a few a careless import could pull in."""
+
+BLOCKER = textwrap.dedent(f"""
+    import importlib.abc, sys
+    BLOCKED = {BLOCKED!r}
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {{name!r}} (blocked)", name=name)
+    sys.meta_path.insert(0, Blocker())
+""")
+
+
+def _run_blocked(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", BLOCKER + textwrap.dedent(code)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_core_dependencies_are_exactly_numpy_gymnasium_scipy():
+    """The blocked list and pyproject agree: the core is what this test lets through."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = sorted(d.split(">")[0].split("<")[0].split("=")[0].strip() for d in deps)
+    assert names == ["gymnasium", "numpy", "scipy"]
+    assert not {"numpy", "gymnasium", "scipy"} & set(BLOCKED)
+
+
+def test_env_and_every_heuristic_router_run_with_core_dependencies_only():
+    out = _run_blocked("""
+        import gymnasium as gym
+        import llm_lb_gym
+        from llm_lb_gym.envs.routers import make_env_router
+        from llm_lb_gym.policies.registry import ROUTERS
+        from llm_lb_gym.rollout import rollout_router
+
+        env = gym.make("LLMCluster-v0", num_instances=2, num_requests=40, arrival_rate_rps=8.0)
+        obs, info = env.reset(seed=0)
+        steps, done = 0, False
+        while not done:
+            action = env.action_space.sample(mask=info["action_mask"].astype("int8"))
+            obs, reward, terminated, truncated, info = env.step(action)
+            done, steps = terminated or truncated, steps + 1
+        m = info["metrics"]
+        assert terminated and m["completed"] + m["rejected"] == 40 and m["unfinished"] == 0, m
+        for name in ROUTERS:
+            res = rollout_router(env.unwrapped, make_env_router(name, env.unwrapped), seed=1)
+            assert res.metrics["completed"] + res.metrics["rejected"] == 40, name
+        heavy = sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED)
+        print("OK", steps, len(ROUTERS), heavy)
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("OK") and out.stdout.rstrip().endswith("[]")
+
+
+def test_code_that_needs_an_extra_names_it():
+    out = _run_blocked("""
+        import gymnasium as gym, llm_lb_gym
+        from llm_lb_gym.extras import MissingExtraError
+        for stmt in ("import agents", "import experiments.train", "import experiments.evaluate"):
+            try:
+                exec(stmt)
+            except MissingExtraError as exc:
+                print(stmt, "->", exc)
+            else:
+                raise SystemExit(f"{stmt} did not fail")
+        env = gym.make("LLMCluster-v0", render_mode="rgb_array", num_instances=2, num_requests=5)
+        env.reset(seed=0)
+        try:
+            env.render()
+        except MissingExtraError as exc:
+            print("render ->", exc)
+        from experiments.cli import main
+        sys.exit(main(["train", "experiment=debug"]))
+    """)
+    assert out.returncode == 1, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 4 and all("pip install" in line for line in lines)
+    assert "import agents -> the agents package needs" in lines[0] and "'rl'" in lines[0]
+    assert "llm-lb-gym train needs" in lines[1] and "missing: torch" in lines[1]
+    assert "'plot'" in lines[3] and "matplotlib" in lines[3]
+    # the command line: one clear line, no traceback
+    assert out.stderr.startswith("llm-lb-gym train: llm-lb-gym train needs the optional "
+                                 "dependencies of the extra 'rl'")
+    assert "Traceback" not in out.stderr
