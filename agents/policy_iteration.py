@@ -272,7 +272,11 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
                 obs, r, term, trunc, info = (env.route_step(env.m) if t_choice is None
                                              else env.step(t_action))
         else:
-            obs, r, term, trunc, info = env.step(policy.act(obs, mask, t_action))
+            a = policy.act(obs, mask, t_action)
+            if a == env.defer_action and not mask[a]:   # the teacher's hold, taken as it takes it
+                obs, r, term, trunc, info = env.route_step(env.m)
+            else:
+                obs, r, term, trunc, info = env.step(a)
         if term or trunc:
             break
     return {"obs": np.asarray(obs_l, np.float32).reshape(len(obs_l), -1),
@@ -447,7 +451,12 @@ class DistilledAgent:
     loads it as ``agents={name: {kind: distilled, path: best_policy.pt}}``).
 
     The policy needs the teacher's choice in the current state, so the agent holds the env it
-    acts in and a teacher router of its own (reset whenever the env starts a new episode)."""
+    acts in and a teacher router of its own (reset whenever the env starts a new episode). The
+    teacher may hold where the env's mask forbids it (a hold on an idle cluster): give the
+    agent an env with ``action.masked="as_taken"`` (``ENV_OPTIONS``) so such a hold is taken
+    as the teacher takes it, as in training."""
+
+    ENV_OPTIONS = {"action": {"masked": "as_taken"}}
 
     def __init__(self, policy: NetPolicy, env):
         from llm_lb_gym.rollout import make_env_router

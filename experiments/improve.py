@@ -57,7 +57,9 @@ def decision_time_ms(kw: dict, path: Path, seed: int) -> dict:
     from agents.policy_iteration import DistilledAgent
     from llm_lb_gym.rollout import rollout_agent
 
-    env = gym.make("LLMCluster-v0", **{**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
+    action = {**(kw.get("action") or {}), **DistilledAgent.ENV_OPTIONS["action"]}
+    env = gym.make("LLMCluster-v0", **{**kw, "action": action,
+                                       "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
     agent = DistilledAgent.load(path, env)
     rollout_agent(env, agent, seed)
     w = 1e3 * np.asarray(agent.decision_wall_s)
@@ -69,7 +71,7 @@ def improve(cfg, out: Path | None = None) -> dict:
     from omegaconf import OmegaConf
     from torch.utils.tensorboard import SummaryWriter
 
-    from agents.policy_iteration import policy_iteration
+    from agents.policy_iteration import DistilledAgent, policy_iteration
     from experiments.evaluate import evaluate
 
     torch.set_num_threads(1)
@@ -89,7 +91,7 @@ def improve(cfg, out: Path | None = None) -> dict:
         "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
         "reward": to_container(cfg.reward), "policies": list(cfg.test.policies),
         "policy_options": to_container(cfg.eval.policy_options) or {},
-        "agents": {NAME: {"kind": "distilled", "path": str(path)}},
+        "agents": {NAME: {"kind": "distilled", "path": str(path), "env": DistilledAgent.ENV_OPTIONS}},
         "episodes": int(cfg.test.episodes), "seed": int(cfg.test.seed), "baseline": "round_robin",
         "plot": True, "output_dir": str(out / "test"), "progress": cfg.get("progress", True)})
     t1 = time.perf_counter()

@@ -203,7 +203,7 @@ def test_round_zero_is_the_teacher_and_the_result_loads(tmp_path):
     assert h[1]["labelled"] > 0 and math.isfinite(h[1]["loss"])
     for name in ("round0.pt", "round1.pt", "best_policy.pt"):
         assert (tmp_path / name).exists()
-    env = LLMClusterEnv(**_kw())
+    env = LLMClusterEnv(**{**_kw(), "action": {**ENV["action"], **DistilledAgent.ENV_OPTIONS["action"]}})
     agent = DistilledAgent.load(tmp_path / "round0.pt", env)
     a = rollout_agent(env, agent, 1000)
     b = rollout_router(env, make_env_router("late_binding", env, **LB), 1000)
