@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch as th
+from gymnasium import spaces
 from stable_baselines3 import DQN
 from torch.nn import functional as F
 
@@ -43,6 +44,35 @@ from llm_lb_gym._validate import ConfigError
 
 
 DEMO_LOSSES = ("ce", "margin")
+_MODE_DEPENDENT = (th.nn.modules.dropout._DropoutNd, th.nn.modules.batchnorm._NormBase)
+"""Modules whose output depends on ``train()`` / ``eval()``."""
+
+
+def _join(replay, demo, gamma: float):
+    """One batch of ``replay`` then ``demo`` samples (SB3 ``ReplayBufferSamples`` or
+    :class:`agents.replay.SemiMDPSamples`): a missing discount is ``gamma``, a missing next mask
+    all-valid, so both parts can be joined whatever buffer they came from."""
+    from agents.replay import SemiMDPSamples
+
+    def discounts(d):
+        x = getattr(d, "discounts", None)
+        return x if x is not None else th.full_like(d.rewards, gamma)
+
+    def masks(d):
+        x = getattr(d, "next_masks", None)
+        return x if x is not None else th.ones(d.rewards.shape[0], n_actions, dtype=th.bool, device=d.rewards.device)
+
+    given = [getattr(d, "next_masks", None) for d in (replay, demo)]
+    n_actions = next((m.shape[1] for m in given if m is not None), 0)
+    return SemiMDPSamples(
+        th.cat([replay.observations, demo.observations]),
+        th.cat([replay.actions, demo.actions]),
+        th.cat([replay.next_observations, demo.next_observations]),
+        th.cat([replay.dones, demo.dones]),
+        th.cat([replay.rewards, demo.rewards]),
+        th.cat([discounts(replay), discounts(demo)]),
+        th.cat([masks(replay), masks(demo)]) if n_actions else None,
+    )
 
 
 class DoubleDQN(DQN):
@@ -59,6 +89,17 @@ class DoubleDQN(DQN):
     demo_weight: float = 0.0
     demo_decay_updates: int = 1
     demo_loss: str = "ce"
+
+    def _setup_model(self) -> None:
+        super()._setup_model()
+        policy = self.policy
+        opts = getattr(policy, "optimizer_kwargs", None) or {}
+        if type(policy.optimizer) is th.optim.Adam and "fused" not in opts and "foreach" not in opts:
+            # The same Adam update as one kernel per parameter (torch's default on the CPU loops
+            # in Python over ~10 ops per parameter): 1.0 -> 0.3 ms an update on the learned
+            # router's network. Rounding may differ in the last bit; a model loaded from a file
+            # takes the variant saved with it.
+            policy.optimizer = th.optim.Adam(policy.parameters(), **{**policy.optimizer.defaults, "fused": True})
 
     def _excluded_save_params(self) -> list[str]:
         # Demonstrations are training data, rebuilt from the teacher; not part of the model.
@@ -91,13 +132,20 @@ class DoubleDQN(DQN):
             return rewards + (1 - dones) * discounts * next_q_values
 
     def _td_loss(self, data) -> th.Tensor:
+        """Huber TD loss of one batch: the straightforward form (three forward passes), kept as
+        the reference :meth:`_update_loss` is tested against."""
+        return self._td(data)[0]
+
+    def _td(self, data, q: th.Tensor | None = None) -> tuple[th.Tensor, th.Tensor]:
+        """(Huber TD loss, online Q of ``data.observations``); ``q`` if already computed."""
         # For n-step or semi-MDP replay the per-sample discount comes with the sample.
         discounts = getattr(data, "discounts", None)
         discounts = discounts if discounts is not None else self.gamma
         target = self._target_q(data.next_observations, data.rewards, data.dones, discounts,
                                 getattr(data, "next_masks", None))
-        current = th.gather(self.q_net(data.observations), dim=1, index=data.actions.long())
-        return F.smooth_l1_loss(current, target)
+        q = self.q_net(data.observations) if q is None else q
+        current = th.gather(q, dim=1, index=data.actions.long())
+        return F.smooth_l1_loss(current, target), q
 
     def _margin_loss(self, data) -> th.Tensor:
         """The imitation term on demonstrations. ``margin`` (DQfD's large margin): the teacher's
@@ -105,12 +153,34 @@ class DoubleDQN(DQN):
         ``ce``: cross-entropy of the teacher's action under softmax(Q / demo_margin), a smooth
         version that pulls every action's value, not only the violators' (measured: 87% teacher
         agreement where the hinge reached 80%, near capacity, same steps)."""
-        q = self.q_net(data.observations)
-        a = data.actions.long()
+        return self._margin_of(self.q_net(data.observations), data.actions.long())
+
+    def _margin_of(self, q: th.Tensor, a: th.Tensor) -> th.Tensor:
+        """:meth:`_margin_loss` from the online Q values ``q`` of the demonstrations' states."""
         if self.demo_loss == "ce":
             return F.cross_entropy(q / self.demo_margin, a.reshape(-1))
         bonus = th.full_like(q, self.demo_margin).scatter(1, a, 0.0)
         return ((q + bonus).max(dim=1, keepdim=True).values - th.gather(q, 1, a)).mean()
+
+    def _update_loss(self, replay, demo=None, weight: float = 0.0) -> tuple[th.Tensor, th.Tensor | None]:
+        """(loss, margin loss or None) of one update on ``replay`` plus ``demo`` samples.
+
+        The same value as ``(1 - share) * td(replay) + share * td(demo) + weight * margin(demo)``
+        with ``share`` the demonstrations' part of the batch (the mean of the Huber loss over the
+        joined batch weighs both parts so), computed with three forward passes instead of
+        seven: the online network once over the joined states (its demo rows also give the
+        margin loss), the online and the target network once each over the joined next states.
+        Small per-call costs dominate at these sizes (about 40 small ops a pass), so fewer, larger
+        passes are what makes an update cheap.
+        """
+        batch = replay if demo is None else _join(replay, demo, self.gamma)
+        loss, q = self._td(batch)
+        margin = None
+        if demo is not None and weight > 0:
+            n = replay.observations.shape[0]
+            margin = self._margin_of(q[n:], demo.actions.long())
+            loss = loss + weight * margin
+        return loss, margin
 
     def set_demonstrations(self, buffer, fraction: float = 0.25, margin: float = 0.8,
                            weight: float = 1.0, decay_updates: int = 10_000, loss: str = "ce") -> None:
@@ -150,23 +220,17 @@ class DoubleDQN(DQN):
 
     def train(self, gradient_steps: int, batch_size: int = 100) -> None:
         """SB3 ``DQN.train`` with the target of :meth:`_target_q`, plus demonstrations if set."""
-        self.policy.set_training_mode(True)
+        self._policy_mode(True)
         self._update_learning_rate(self.policy.optimizer)
 
         losses, margins = [], []
         n_demo = int(round(batch_size * self.demo_fraction)) if self.demo_buffer is not None else 0
         for _ in range(gradient_steps):
             replay_data = self.replay_buffer.sample(batch_size - n_demo, env=self._vec_normalize_env)  # type: ignore[union-attr]
-            loss = self._td_loss(replay_data)
-            if n_demo:
-                demo = self.demo_buffer.sample(n_demo)
-                share = n_demo / batch_size
-                loss = (1 - share) * loss + share * self._td_loss(demo)
-                w = self._demo_weight_now()
-                if w > 0:
-                    margin = self._margin_loss(demo)
-                    margins.append(margin.item())
-                    loss = loss + w * margin
+            demo = self.demo_buffer.sample(n_demo) if n_demo else None
+            loss, margin = self._update_loss(replay_data, demo, self._demo_weight_now() if n_demo else 0.0)
+            if margin is not None:
+                margins.append(margin.item())
             losses.append(loss.item())
             self._gradient_step(loss)
             self._n_updates += 1
@@ -185,18 +249,18 @@ class DoubleDQN(DQN):
         if self.demo_buffer is None:
             raise ConfigError("pretrain needs set_demonstrations(...) first")
         batch_size = batch_size or self.batch_size
-        self.policy.set_training_mode(True)
+        self._policy_mode(True)
         td = margin = 0.0
         for step in range(gradient_steps):
             demo = self.demo_buffer.sample(batch_size)
-            td_l = self._td_loss(demo)
-            m_l = self._margin_loss(demo)
+            td_l, q = self._td(demo)
+            m_l = self._margin_of(q, demo.actions.long())
             self._gradient_step(td_l + self.demo_weight * m_l)
             td, margin = td_l.item(), m_l.item()
             if (step + 1) % target_update_interval == 0:
                 self.q_net_target.load_state_dict(self.q_net.state_dict())
         self.q_net_target.load_state_dict(self.q_net.state_dict())
-        self.policy.set_training_mode(False)
+        self._policy_mode(False)
         with th.no_grad():
             demo = self.demo_buffer.sample(min(4096, self.demo_buffer.size()))
             agree = (self.q_net(demo.observations).argmax(1) == demo.actions.long().reshape(-1)).float().mean()
@@ -239,7 +303,7 @@ class DoubleDQN(DQN):
         if action_masks is None:
             return super().predict(observation, state, episode_start, deterministic)
 
-        obs_tensor, vectorized = self.policy.obs_to_tensor(observation)
+        obs_tensor, vectorized = self._obs_tensor(observation)
         n_batch = next(iter(obs_tensor.values())).shape[0] if isinstance(obs_tensor, dict) else obs_tensor.shape[0]
         masks = self._check_masks(action_masks, n_batch)
 
@@ -247,15 +311,47 @@ class DoubleDQN(DQN):
             # Same global RNG as SB3's exploration, so seeding with ``seed=`` covers both.
             actions = np.array([np.random.choice(np.flatnonzero(row)) for row in masks])
         else:
-            self.policy.set_training_mode(False)
-            with th.no_grad():
-                q_values = self.q_net(obs_tensor)
-            q_values = q_values.masked_fill(~th.as_tensor(masks, device=q_values.device), -th.inf)
-            actions = q_values.argmax(dim=1).cpu().numpy()
+            self._policy_mode(False)
+            with th.inference_mode():
+                q_values = self.q_net(obs_tensor).cpu().numpy()
+            actions = np.where(masks, q_values, -np.inf).argmax(axis=1)
 
         if not vectorized:
             actions = actions.squeeze(axis=0)
         return actions, state
+
+    def _obs_tensor(self, observation) -> tuple[th.Tensor | dict, bool]:
+        """SB3's ``policy.obs_to_tensor``, with a direct path for a flat ``Box`` observation.
+
+        Acting is batch-1 work done once per env step: SB3's checks and copies cost as much as the
+        forward pass. A flat float ``Box`` needs no preprocessing (SB3's ``preprocess_obs`` only
+        casts it to float32), so the array becomes a tensor as it is; any other space, or a
+        shape that does not fit, goes through SB3 (whose errors name the expected shape).
+        """
+        space = self.observation_space
+        if isinstance(space, spaces.Box) and len(space.shape) == 1 and isinstance(observation, np.ndarray):
+            obs = observation if observation.dtype == np.float32 else observation.astype(np.float32)
+            if obs.shape[-1:] == space.shape and obs.ndim in (1, 2):
+                if not obs.flags.writeable:
+                    obs = obs.copy()
+                tensor = th.from_numpy(obs).to(self.device)
+                return (tensor if obs.ndim == 2 else tensor[None]), obs.ndim == 2
+        return self.policy.obs_to_tensor(observation)
+
+    def _policy_mode(self, training: bool) -> None:
+        """``policy.set_training_mode(training)``, only where the mode changes what the policy
+        computes (dropout, batch norm) and only when it changes.
+
+        SB3 sets the mode at every ``train`` and ``predict`` call and each call walks every
+        submodule: 0.3 ms, 7% of the learned router's training time (pyinstrument), for
+        networks (SB3's MLPs, :class:`agents.equivariant.InstanceSetQ`) on which it changes
+        nothing."""
+        policy = self.policy
+        matters = getattr(policy, "_mode_matters", None)
+        if matters is None:   # checked once per policy object (a loaded model has a new one)
+            matters = policy._mode_matters = any(isinstance(m, _MODE_DEPENDENT) for m in policy.modules())
+        if matters and policy.training != training:
+            policy.set_training_mode(training)
 
     def _check_masks(self, action_masks: Any, n_batch: int) -> np.ndarray:
         """Masks as a ``(n_batch, n_actions)`` bool array; errors name the expected shape."""

@@ -105,15 +105,17 @@ class InstanceSetQ(nn.Module):
         s = x[:, G + k * C:].reshape(B, m, I)
         e = self.inst(th.cat([s, g[:, None, :].expand(B, m, G)], dim=2))
         ce = self.cand(th.cat([c, g[:, None, :].expand(B, k, G)], dim=2)) + self.slot
-        ctx = th.cat([e.mean(dim=1), e.max(dim=1).values, ce.mean(dim=1), g], dim=1)
+        ctx = th.cat([e.mean(dim=1), e.amax(dim=1), ce.mean(dim=1), g], dim=1)
         return ce, e, ctx
 
     def forward(self, x: th.Tensor) -> th.Tensor:
         ce, e, ctx = self.encode(x)
         B, k, E = ce.shape
         m = e.shape[1]
-        h = (self.pair_c(ce)[:, :, None, :] + self.pair_e(e)[:, None, :, :]
-             + self.pair_ctx(ctx[:, :3 * E])[:, None, None, :])
+        # The context term is added to the k candidate rows before the pairs are formed: one
+        # (B, k, m, H) sum instead of two, in the pass and in its gradient (the largest tensors).
+        cand_part = self.pair_c(ce) + self.pair_ctx(ctx[:, :3 * E])[:, None, :]
+        h = cand_part[:, :, None, :] + self.pair_e(e)[:, None, :, :]
         adv = th.cat([self.pair_out(self.pair_act(h)).reshape(B, k * m), self.defer(ctx)], dim=1)
         return self.value(ctx) + adv - adv.mean(dim=1, keepdim=True)
 

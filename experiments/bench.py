@@ -6,6 +6,7 @@
     LLM_LB_GYM_PURE_PYTHON=1 python -m experiments.bench env   # the same without the compiled engine
     python -m experiments.bench prefix     # both with engine.enable_prefix_caching on
     python -m experiments.bench mixed      # both on a mixed cluster (2 x A100 + 2 x V100)
+    python -m experiments.bench learner    # Double DQN training speed on the learned router
 
 Prefix caching (``prefix``): the multi-turn ``conversation`` workload (hash blocks of 16
 tokens) on 4 instances with ``engine.enable_prefix_caching``, routed round robin on arrival
@@ -22,6 +23,9 @@ uniformly random actions (``gym.make`` wrappers included). Steps per second are 
 wall second and per CPU second of this process: on a shared machine the CPU figure is the
 stable one (wall time also counts waiting for the core). The engine implementation (compiled
 Cython build or pure Python, see llm_lb_gym/sim/_compiled.py) and the load average are printed.
+Learner (``learner``, not part of ``all``): env steps per second of Double DQN training on
+``experiment=[v100_near_capacity,learned_router]`` next to the env's own, and where the training
+time goes (experiments/bench_learner.py says what is timed).
 Mixed (part of ``all``): the same two measurements on 2 x Llama-2-7B A100 + 2 x V100
 (``MIXED_INSTANCES``), the simulator at ``--mixed-rate`` (default 5 req/s, as for 4 x V100: round
 robin on arrival gives each V100 the same load as there, the A100s run lighter), no memory part.
@@ -91,7 +95,8 @@ def bench_sim(n: int, rate: float, seed: int = 0, instances=None, memory: bool =
     return out
 
 
-def bench_env(episodes: int, seed: int = 0, **options) -> dict:
+def bench_env(episodes: int, seed: int = 0, policies: tuple[str, ...] = ("round_robin", "random"),
+              **options) -> dict:
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
@@ -100,7 +105,7 @@ def bench_env(episodes: int, seed: int = 0, **options) -> dict:
     m = env.unwrapped.m
     env.reset(seed=seed)   # warm-up (imports, first allocations)
     out = {}
-    for policy in ("round_robin", "random"):
+    for policy in policies:
         # Random actions drawn up front: a numpy draw per step (~2 us) would be timed as env cost.
         actions = np.random.default_rng(seed).integers(m + 1, size=1 << 16).tolist()
         steps, t_steps, c_steps = 0, 0.0, 0.0
@@ -170,10 +175,13 @@ def bench_prefix(n: int, episodes: int, rate: float = 6.0, seed: int = 0) -> dic
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed"), default="all")
+    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed", "learner"), default="all")
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate (req/s)")
     ap.add_argument("--episodes", type=int, default=3, help="env episodes per policy")
+    ap.add_argument("--learner-steps", type=int, default=3000,
+                    help="timed env steps of training (learner), after --learner-warmup")
+    ap.add_argument("--learner-warmup", type=int, default=500, help="env steps of training before timing")
     ap.add_argument("--mixed-rate", type=float, default=5.0,
                     help="Poisson rate (req/s) of the mixed-cluster simulator run")
     args = ap.parse_args(argv)
@@ -191,6 +199,18 @@ def main(argv=None) -> None:
         r = bench_env(args.episodes)
         print("\n## LLMCluster-v0 (default config)")
         for k, v in r.items():
+            print(f"{k}: {v:,.1f}")
+    if args.part == "learner":
+        from llm_lb_gym import __version__
+        from experiments.bench_learner import bench_learner, env_speed
+
+        print(f"llm_lb_gym {__version__}")
+        r = bench_learner(args.learner_steps, args.learner_warmup)
+        print("\n## Double DQN training, learned router")
+        for k, v in r.items():
+            print(f"{k}: {v:,.1f}" if isinstance(v, float) else f"{k}: {v}")
+        print("\n## LLMCluster-v0 alone, same options (round-robin actions)")
+        for k, v in env_speed().items():
             print(f"{k}: {v:,.1f}")
     if args.part == "prefix":
         r = bench_prefix(args.requests, args.episodes)

@@ -1,0 +1,124 @@
+"""How fast Double DQN trains the learned router, next to the env's own speed.
+
+    python -m experiments.bench learner                 # 3,000 steps after 500 of warm-up
+    python -m experiments.bench learner --learner-steps 10000
+
+The agent is the one ``python -m experiments.train 'experiment=[v100_near_capacity,learned_router]'``
+builds (the permutation-equivariant network, batch 256, one update every 4 env steps, the
+semi-MDP replay), with one episode of ``late_binding`` demonstrations mixed into every update as
+in that run (the run collects three; the count only changes which rows are drawn, not the work
+per update). No pretraining, no validation rollouts, no TensorBoard: what is timed is
+``agent.learn`` itself, over a fixed number of env steps after a warm-up whose replay buffer it
+keeps training on.
+
+Where the time goes is measured around the agent's own methods during the timed steps:
+``train`` (gradient updates: sampling, forward and backward passes, the optimizer),
+``_sample_action`` (acting: the batch-1 forward pass and the env's action mask) and the VecEnv's
+``step_wait`` (the env); the rest is Stable-Baselines3's loop (replay insertion, callbacks,
+bookkeeping). Figures are per wall second and per CPU second of this process (on a shared
+machine the CPU figure is the stable one). The env's own speed is measured on the same env
+options with round-robin actions (:func:`experiments.bench.bench_env`).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from pathlib import Path
+
+EXPERIMENT = "experiment=[v100_near_capacity,learned_router]"
+PARTS = {"train": "gradient updates", "_sample_action": "action selection", "step_wait": "env steps"}
+
+
+def _compose(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from experiments._hydra import CONF_DIR
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return compose(config_name="train", overrides=overrides)
+
+
+def _timed(owner, name: str, totals: dict[str, list[float]]) -> None:
+    """Wrap ``owner.name`` (an instance attribute shadows the class's method) to add its wall
+    and CPU seconds to ``totals[name]``."""
+    inner = getattr(owner, name)
+    totals[name] = [0.0, 0.0]
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        t, c = time.perf_counter(), time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[name][0] += time.perf_counter() - t
+            totals[name][1] += time.process_time() - c
+
+    setattr(owner, name, wrapper)
+
+
+def build_learner(seed: int = 0, overrides: tuple[str, ...] = ()):
+    """(agent, env options, config) as ``experiments.train`` builds them for the learned router,
+    with one demonstration episode set (see the module docstring)."""
+    import torch
+
+    from agents.imitation import collect_demonstrations
+    from experiments._hydra import env_kwargs, to_container
+    from experiments.train import (auto_reward_scale, build_agent, init_value_offset, make_env,
+                                   measure_round_robin)
+
+    torch.set_num_threads(1)
+    cfg = _compose([EXPERIMENT, f"seed={seed}", *overrides])
+    kw = env_kwargs(cfg)
+    rr = measure_round_robin(kw, seed)
+    scale = auto_reward_scale(rr)
+    episodes = int(cfg.train.episodes)
+    tb = Path(tempfile.mkdtemp(prefix="bench_learner_tb_"))
+    agent = build_agent(cfg, kw, episodes * int(rr["steps"]), int(rr["steps"]), tb, scale)
+    agent.tensorboard_log = None   # the timed loop writes no event files
+    init_value_offset(agent, rr["return_mean"] * scale)
+    im = to_container(cfg.train.imitation)
+    demos = collect_demonstrations(make_env(kw), im["teacher"], 1, int(im["seed"]), reward_scale=scale,
+                                   teacher_options=im.get("teacher_options") or {})
+    agent.set_demonstrations(demos.buffer, fraction=float(im["demo_fraction"]), margin=float(im["margin"]),
+                             weight=float(im["margin_weight"]), decay_updates=10 ** 9,
+                             loss=str(im.get("loss", "ce")))
+    return agent, kw, cfg
+
+
+def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0) -> dict:
+    """Env steps per second of ``agent.learn`` on the learned-router config (see module doc)."""
+    agent, kw, cfg = build_learner(seed)
+    agent.learn(warmup)
+    totals: dict[str, list[float]] = {}
+    for name in ("train", "_sample_action"):
+        _timed(agent, name, totals)
+    _timed(agent.env, "step_wait", totals)
+    updates0 = agent._n_updates
+    t, c = time.perf_counter(), time.process_time()
+    agent.learn(steps, reset_num_timesteps=False)
+    wall, cpu = time.perf_counter() - t, time.process_time() - c
+    kwargs = cfg.agent.kwargs
+    out = {"config": EXPERIMENT, "timed_env_steps": steps, "warmup_env_steps": warmup,
+           "batch_size": int(kwargs.batch_size), "train_freq": int(kwargs.train_freq),
+           "gradient_updates": agent._n_updates - updates0,
+           "train_env_steps_per_wall_s": steps / wall, "train_env_steps_per_cpu_s": steps / cpu,
+           "ms_cpu_per_gradient_update": 1e3 * totals["train"][1] / max(agent._n_updates - updates0, 1)}
+    for name, label in PARTS.items():
+        out[f"cpu_share_{label.replace(' ', '_')}_pct"] = 100 * totals[name][1] / cpu
+    out["cpu_share_sb3_loop_rest_pct"] = 100 * (cpu - sum(v[1] for v in totals.values())) / cpu
+    return out
+
+
+def env_speed(episodes: int = 1, seed: int = 0) -> dict:
+    """The env's own steps per second on the learned router's options (round-robin actions)."""
+    from experiments._hydra import env_kwargs
+    from experiments.bench import bench_env
+
+    kw = env_kwargs(_compose([EXPERIMENT]))
+    r = bench_env(episodes, seed=seed, policies=("round_robin",), **kw)
+    return {k: v for k, v in r.items() if k.startswith("round_robin_steps_per")}
+
+
+__all__ = ["bench_learner", "build_learner", "env_speed"]
