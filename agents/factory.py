@@ -12,9 +12,12 @@ fails with the list of accepted names. Two conveniences on top:
 - ``policy="equivariant"`` (``agents.equivariant``) picks the per-instance shared network for
   ``double_dqn``, ``dqn`` and ``maskable_ppo`` and passes it the env's observation layout;
   ``policy="mlp"`` (default) is SB3's MLP.
-- Off-policy agents whose spec says ``semi_mdp_replay`` store each transition's discount from
-  the env (``agents.replay.SemiMDPReplayBuffer``); their discount is the env's
-  ``reward.discount`` / ``reward.horizon_s``, so ``gamma`` is refused as an agent option.
+- Every agent discounts each transition by the env's ``info["discount"]`` (spec
+  ``env_discount``): off-policy agents store it in their replay
+  (``agents.replay.SemiMDPReplayBuffer``, spec ``semi_mdp_replay``), ``maskable_ppo`` in its
+  rollout buffer (``agents.maskable_ppo``), ``reinforce`` in its returns-to-go. Their discount
+  is the env's ``reward.discount`` / ``reward.horizon_s`` / ``reward.gamma``, so ``gamma`` is
+  refused as an agent option on ``LLMCluster-v0``.
 
 What differs between agents (accepted keywords, defaults, SB3 or not, mask needs) is read from
 their :class:`agents.registry.AgentSpec`: ``double_dqn`` and ``dqn`` start from the paper's
@@ -101,6 +104,10 @@ def make_agent(
             raise ConfigError(f"agent {name} needs an env with an action_masks() method")
 
     reject_unknown(f"{name} agent", kwargs, spec.allowed_kwargs(cls))
+    if spec.env_discount and "gamma" in kwargs and _semi_mdp_env(env):
+        raise ConfigError(f"{name}: gamma is set by the env here (reward.discount, reward.horizon_s "
+                          "or reward.gamma: each transition's info['discount']), not by the agent; "
+                          "remove agent.kwargs.gamma")
     if not spec.sb3_policy:
         return cls(env, **kwargs)
 
@@ -115,9 +122,6 @@ def make_agent(
     elif "embed_dim" in policy_kwargs:
         raise ConfigError("embed_dim is an option of policy=equivariant")
     if spec.semi_mdp_replay and _semi_mdp_env(env):
-        if "gamma" in kwargs:
-            raise ConfigError(f"{name}: gamma is set by the env here (reward.discount, reward.horizon_s "
-                              "or reward.gamma), not by the agent; remove agent.kwargs.gamma")
         from agents.replay import SemiMDPReplayBuffer
 
         kwargs.setdefault("replay_buffer_class", SemiMDPReplayBuffer)

@@ -60,9 +60,9 @@ def _dqn() -> type:
 
 def _maskable_ppo() -> type:
     # Imported on use: sb3_contrib pulls in several algorithms the DQN user does not need.
-    from sb3_contrib import MaskablePPO
+    from agents.maskable_ppo import SemiMDPMaskablePPO
 
-    return MaskablePPO
+    return SemiMDPMaskablePPO
 
 
 def _reinforce() -> type:
@@ -100,6 +100,10 @@ class AgentSpec:
     """An off-policy SB3 agent whose replay stores each transition's discount and next mask
     (``agents.replay.SemiMDPReplayBuffer``): the discount then comes from the env
     (``reward.discount``, ``reward.horizon_s``), so ``gamma`` is not an agent option."""
+    env_discount: bool = False
+    """Discounts each transition by the env's ``info["discount"]`` (gamma_s ** dt in simulated
+    time on ``LLMCluster-v0``): the discount is then the env's (``reward.discount``,
+    ``reward.horizon_s``, ``reward.gamma``) and ``gamma`` is refused as an agent option there."""
     defaults: Callable[[dict[str, Any], int | None, int | None], dict[str, Any]] | None = None
     """``(kwargs, total_timesteps, episode_steps) -> kwargs`` with the defaults filled in (the
     paper's settings for the DQN variants, so the two differ only in the target); None: the
@@ -112,17 +116,17 @@ AGENTS: dict[str, AgentSpec] = {
         AgentSpec("double_dqn", _double_dqn, vectorized=True, single_env_only=False,
                   supports_masks=True, requires_mask_env=False, file_suffix=".zip",
                   sb3_policy=True, allowed_kwargs=_paper_dqn_kwargs, semi_mdp_replay=True,
-                  defaults=with_paper_defaults),
+                  env_discount=True, defaults=with_paper_defaults),
         AgentSpec("dqn", _dqn, vectorized=True, single_env_only=False,
                   supports_masks=False, requires_mask_env=False, file_suffix=".zip",
                   sb3_policy=True, allowed_kwargs=_paper_dqn_kwargs, semi_mdp_replay=True,
-                  defaults=with_paper_defaults),
+                  env_discount=True, defaults=with_paper_defaults),
         AgentSpec("maskable_ppo", _maskable_ppo, vectorized=True, single_env_only=False,
                   supports_masks=True, requires_mask_env=True, file_suffix=".zip",
-                  sb3_policy=True, allowed_kwargs=_sb3_kwargs),
+                  sb3_policy=True, allowed_kwargs=_sb3_kwargs, env_discount=True),
         AgentSpec("reinforce", _reinforce, vectorized=False, single_env_only=True,
                   supports_masks=True, requires_mask_env=False, file_suffix=".pt",
-                  sb3_policy=False, allowed_kwargs=_reinforce_kwargs),
+                  sb3_policy=False, allowed_kwargs=_reinforce_kwargs, env_discount=True),
     )
 }
 AGENT_NAMES = tuple(AGENTS)

@@ -34,7 +34,9 @@ class REINFORCEConfig:
     learning_rate: float = 1e-3
     """Adam step size."""
     gamma: float = 0.99
-    """Discount of the returns-to-go."""
+    """Discount per step of the returns-to-go, for envs that do not report their own: a
+    transition whose ``info`` has ``"discount"`` (``LLMCluster-v0``: gamma_s ** dt of the step's
+    simulated time, ``reward.discount``) is discounted by that instead."""
     episodes_per_update: int = 4
     """Complete episodes collected per gradient step (REINFORCE needs whole episodes)."""
     normalize_returns: bool = True
@@ -61,6 +63,16 @@ class REINFORCEConfig:
 CONFIG_FIELDS = frozenset(f.name for f in fields(REINFORCEConfig))
 
 
+def returns_to_go(rewards: list[float], discounts: list[float]) -> list[float]:
+    """G_t = r_t + d_t * G_{t+1} (G after the last step is 0): ``discounts[t]`` is the factor
+    between step t and step t + 1, as the env reports it with transition t."""
+    g, out = 0.0, [0.0] * len(rewards)
+    for t in range(len(rewards) - 1, -1, -1):
+        g = rewards[t] + discounts[t] * g
+        out[t] = g
+    return out
+
+
 def _masked_logits(logits: th.Tensor, masks: th.Tensor | None) -> th.Tensor:
     """Invalid actions get -inf logits, hence probability exactly 0 after the softmax."""
     return logits if masks is None else logits.masked_fill(~masks, -th.inf)
@@ -71,7 +83,9 @@ class REINFORCEAgent:
 
     Masks come from ``info["action_mask"]`` when the env provides it, else from its
     ``action_masks()`` method, else every action is valid. Returns are discounted rewards-to-go,
-    standardised per update batch; a partial episode left when ``learn`` stops is discarded.
+    G_t = r_t + d_t G_{t+1} with d_t the transition's own discount (``info["discount"]``, else
+    ``gamma``), standardised per update batch; a partial episode left when ``learn`` stops is
+    discarded.
 
     Args:
         env: a gymnasium env with a flat ``Box`` observation and ``Discrete`` actions; None for a
@@ -205,14 +219,15 @@ class REINFORCEAgent:
             callback.on_training_start(cb_locals, globals())
 
         obs, info = self.env.reset(seed=self.seed if self.num_timesteps == 0 else None)
-        episode: list[tuple[np.ndarray, np.ndarray | None, int, float]] = []
-        finished: list[list[tuple[np.ndarray, np.ndarray | None, int, float]]] = []
+        episode: list[tuple[np.ndarray, np.ndarray | None, int, float, float]] = []
+        finished: list[list[tuple[np.ndarray, np.ndarray | None, int, float, float]]] = []
         for _ in range(int(total_timesteps)):
             mask = self._mask_from(info)
             action, _ = self.predict(obs, deterministic=False, action_masks=mask)
             next_obs, reward, terminated, truncated, info = self.env.step(int(action))
             self.num_timesteps += 1
-            episode.append((np.asarray(obs, dtype=np.float32), mask, int(action), float(reward)))
+            discount = float(info.get("discount", self.config.gamma))
+            episode.append((np.asarray(obs, dtype=np.float32), mask, int(action), float(reward), discount))
             done = terminated or truncated
             if callback is not None:
                 callback.update_locals(
@@ -232,18 +247,13 @@ class REINFORCEAgent:
             callback.on_training_end()
         return self
 
-    def _update(self, episodes: list[list[tuple[np.ndarray, np.ndarray | None, int, float]]]) -> None:
+    def _update(self, episodes: list[list[tuple[np.ndarray, np.ndarray | None, int, float, float]]]) -> None:
         """One policy-gradient step on complete episodes: minimise -sum log pi(a|s) * G."""
         cfg = self.config
         obs, masks, actions, returns = [], [], [], []
         for ep in episodes:
-            g = 0.0
-            ep_returns = []
-            for _, _, _, r in reversed(ep):
-                g = r + cfg.gamma * g
-                ep_returns.append(g)
-            returns.extend(reversed(ep_returns))
-            for o, m, a, _ in ep:
+            returns.extend(returns_to_go([t[3] for t in ep], [t[4] for t in ep]))
+            for o, m, a, _, _ in ep:
                 obs.append(o)
                 masks.append(np.ones(self.n_actions, dtype=bool) if m is None else m)
                 actions.append(a)
