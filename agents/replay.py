@@ -88,3 +88,29 @@ class SemiMDPReplayBuffer(ReplayBuffer):
             self.to_torch(self.discounts[batch_inds, env_indices].reshape(-1, 1)),
             th.as_tensor(self.next_masks[batch_inds, env_indices], device=self.device),
         )
+
+
+def join_samples(replay, demo, gamma: float):
+    """One batch of ``replay`` then ``demo`` samples (SB3 ``ReplayBufferSamples`` or
+    :class:`SemiMDPSamples`): a missing discount is ``gamma``, a missing next mask all-valid, so
+    both parts can be joined whatever buffer they came from (``DoubleDQN._update_loss``)."""
+
+    def discounts(d):
+        x = getattr(d, "discounts", None)
+        return x if x is not None else th.full_like(d.rewards, gamma)
+
+    def masks(d):
+        x = getattr(d, "next_masks", None)
+        return x if x is not None else th.ones(d.rewards.shape[0], n_actions, dtype=th.bool, device=d.rewards.device)
+
+    given = [getattr(d, "next_masks", None) for d in (replay, demo)]
+    n_actions = next((m.shape[1] for m in given if m is not None), 0)
+    return SemiMDPSamples(
+        th.cat([replay.observations, demo.observations]),
+        th.cat([replay.actions, demo.actions]),
+        th.cat([replay.next_observations, demo.next_observations]),
+        th.cat([replay.dones, demo.dones]),
+        th.cat([replay.rewards, demo.rewards]),
+        th.cat([discounts(replay), discounts(demo)]),
+        th.cat([masks(replay), masks(demo)]) if n_actions else None,
+    )

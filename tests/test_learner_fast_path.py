@@ -187,3 +187,4 @@ def test_default_adam_is_fused_and_a_chosen_variant_is_kept():
     sgd = DoubleDQN("MlpPolicy", _SetEnv(), buffer_size=8, device="cpu",
                     policy_kwargs=dict(optimizer_class=th.optim.SGD))
     assert isinstance(sgd.policy.optimizer, th.optim.SGD)
+
