@@ -12,7 +12,8 @@ per update). No pretraining, no validation rollouts, no TensorBoard: what is tim
 keeps training on.
 
 Where the time goes is measured around the agent's own methods during the timed steps:
-``train`` (gradient updates: sampling, forward and backward passes, the optimizer),
+``train`` (gradient updates; inside it ``_update_loss``, the forward passes and the loss, and
+``_gradient_step``, the backward pass, gradient clipping and Adam; the rest is sampling),
 ``_sample_action`` (acting: the batch-1 forward pass and the env's action mask) and the VecEnv's
 ``step_wait`` (the env); the rest is Stable-Baselines3's loop (replay insertion, callbacks,
 bookkeeping). Figures are per wall second and per CPU second of this process (on a shared
@@ -92,7 +93,7 @@ def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0) -> dict:
     agent, kw, cfg = build_learner(seed)
     agent.learn(warmup)
     totals: dict[str, list[float]] = {}
-    for name in ("train", "_sample_action"):
+    for name in ("train", "_sample_action", "_update_loss", "_gradient_step"):
         _timed(agent, name, totals)
     _timed(agent.env, "step_wait", totals)
     updates0 = agent._n_updates
@@ -100,14 +101,20 @@ def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0) -> dict:
     agent.learn(steps, reset_num_timesteps=False)
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     kwargs = cfg.agent.kwargs
-    out = {"config": EXPERIMENT, "timed_env_steps": steps, "warmup_env_steps": warmup,
-           "batch_size": int(kwargs.batch_size), "train_freq": int(kwargs.train_freq),
-           "gradient_updates": agent._n_updates - updates0,
-           "train_env_steps_per_wall_s": steps / wall, "train_env_steps_per_cpu_s": steps / cpu,
-           "ms_cpu_per_gradient_update": 1e3 * totals["train"][1] / max(agent._n_updates - updates0, 1)}
+    n = max(agent._n_updates - updates0, 1)
+    out: dict = {"config": EXPERIMENT, "timed_env_steps": steps, "warmup_env_steps": warmup,
+                 "batch_size": int(kwargs.batch_size), "train_freq": int(kwargs.train_freq),
+                 "gradient_updates": agent._n_updates - updates0,
+                 "train_env_steps_per_wall_s": steps / wall, "train_env_steps_per_cpu_s": steps / cpu,
+                 "ms_cpu_per_gradient_update": 1e3 * totals["train"][1] / n}
+    inner = totals["_update_loss"][1] + totals["_gradient_step"][1]
+    out["ms_cpu_per_update_forward_passes_and_loss"] = 1e3 * totals["_update_loss"][1] / n
+    out["ms_cpu_per_update_backward_clip_adam"] = 1e3 * totals["_gradient_step"][1] / n
+    out["ms_cpu_per_update_sampling_and_rest"] = 1e3 * (totals["train"][1] - inner) / n
     for name, label in PARTS.items():
         out[f"cpu_share_{label.replace(' ', '_')}_pct"] = 100 * totals[name][1] / cpu
-    out["cpu_share_sb3_loop_rest_pct"] = 100 * (cpu - sum(v[1] for v in totals.values())) / cpu
+    outer = sum(totals[name][1] for name in PARTS)
+    out["cpu_share_sb3_loop_rest_pct"] = 100 * (cpu - outer) / cpu
     return out
 
 

@@ -188,3 +188,16 @@ def test_default_adam_is_fused_and_a_chosen_variant_is_kept():
                     policy_kwargs=dict(optimizer_class=th.optim.SGD))
     assert isinstance(sgd.policy.optimizer, th.optim.SGD)
 
+
+
+def test_bench_learner_times_training_and_accounts_for_it():
+    from experiments.bench_learner import bench_learner
+
+    r = bench_learner(steps=40, warmup=8)
+    assert r["gradient_updates"] == 10 and r["batch_size"] == 256 and r["train_freq"] == 4
+    assert r["train_env_steps_per_cpu_s"] > 0
+    shares = [v for k, v in r.items() if k.startswith("cpu_share_")]
+    assert len(shares) == 4 and all(v >= 0 for v in shares) and sum(shares) == pytest.approx(100.0)
+    parts = sum(r[k] for k in ("ms_cpu_per_update_forward_passes_and_loss", "ms_cpu_per_update_backward_clip_adam",
+                               "ms_cpu_per_update_sampling_and_rest"))
+    assert parts == pytest.approx(r["ms_cpu_per_gradient_update"])
