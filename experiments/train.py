@@ -25,7 +25,8 @@ Why the pieces are as they are:
   picking the best checkpoint does not peek at the test episodes.
 - The return must mean something in simulated time. ``LLMCluster-v0`` reports each step's
   discount (``info["discount"]``: gamma_s ** dt under the default ``reward.discount=semi_mdp``),
-  and the DQN variants store it per transition (``agents.replay.SemiMDPReplayBuffer``), so the
+  and every agent uses it per transition (the DQN variants' ``agents.replay.SemiMDPReplayBuffer``,
+  ``maskable_ppo``'s GAE in ``agents.maskable_ppo``, ``reinforce``'s returns-to-go), so the
   horizon is ``reward.horizon_s`` seconds whatever the number of routing steps in between.
 - The reward's scale depends on the load by orders of magnitude (the in-system penalty sums
   over every request in the system). ``train.reward_scale: auto`` (default) fixes one scale per
