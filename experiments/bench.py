@@ -182,6 +182,8 @@ def main(argv=None) -> None:
     ap.add_argument("--learner-steps", type=int, default=3000,
                     help="timed env steps of training (learner), after --learner-warmup")
     ap.add_argument("--learner-warmup", type=int, default=500, help="env steps of training before timing")
+    ap.add_argument("--learner-overrides", nargs="*", default=[],
+                    help="Hydra overrides on the learned-router config (learner), e.g. agent.kwargs.batch_size=64")
     ap.add_argument("--mixed-rate", type=float, default=5.0,
                     help="Poisson rate (req/s) of the mixed-cluster simulator run")
     args = ap.parse_args(argv)
@@ -205,7 +207,7 @@ def main(argv=None) -> None:
         from experiments.bench_learner import bench_learner, env_speed
 
         print(f"llm_lb_gym {__version__}")
-        r = bench_learner(args.learner_steps, args.learner_warmup)
+        r = bench_learner(args.learner_steps, args.learner_warmup, overrides=tuple(args.learner_overrides))
         print("\n## Double DQN training, learned router")
         for k, v in r.items():
             print(f"{k}: {v:,.1f}" if isinstance(v, float) else f"{k}: {v}")

@@ -2,6 +2,7 @@
 
     python -m experiments.bench learner                 # 3,000 steps after 500 of warm-up
     python -m experiments.bench learner --learner-steps 10000
+    python -m experiments.bench learner --learner-overrides agent.kwargs.batch_size=64
 
 The agent is the one ``python -m experiments.train 'experiment=[v100_near_capacity,learned_router]'``
 builds (the permutation-equivariant network, batch 256, one update every 4 env steps, the
@@ -22,6 +23,11 @@ options with round-robin actions (:func:`experiments.bench.bench_env`).
 """
 
 from __future__ import annotations
+
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym bench learner")
 
 import functools
 import tempfile
@@ -88,9 +94,10 @@ def build_learner(seed: int = 0, overrides: tuple[str, ...] = ()):
     return agent, kw, cfg
 
 
-def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0) -> dict:
-    """Env steps per second of ``agent.learn`` on the learned-router config (see module doc)."""
-    agent, kw, cfg = build_learner(seed)
+def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0, overrides: tuple[str, ...] = ()) -> dict:
+    """Env steps per second of ``agent.learn`` on the learned-router config (see module doc);
+    ``overrides``: Hydra overrides on top of it (``agent.kwargs.batch_size=64``)."""
+    agent, kw, cfg = build_learner(seed, tuple(overrides))
     agent.learn(warmup)
     totals: dict[str, list[float]] = {}
     for name in ("train", "_sample_action", "_update_loss", "_gradient_step"):
@@ -102,7 +109,7 @@ def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0) -> dict:
     wall, cpu = time.perf_counter() - t, time.process_time() - c
     kwargs = cfg.agent.kwargs
     n = max(agent._n_updates - updates0, 1)
-    out: dict = {"config": EXPERIMENT, "timed_env_steps": steps, "warmup_env_steps": warmup,
+    out: dict = {"config": " ".join([EXPERIMENT, *overrides]), "timed_env_steps": steps, "warmup_env_steps": warmup,
                  "batch_size": int(kwargs.batch_size), "train_freq": int(kwargs.train_freq),
                  "gradient_updates": agent._n_updates - updates0,
                  "train_env_steps_per_wall_s": steps / wall, "train_env_steps_per_cpu_s": steps / cpu,
