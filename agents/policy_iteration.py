@@ -47,6 +47,7 @@ from torch.nn import functional as F
 from llm_lb_gym._validate import ConfigError, check_choice, check_int, check_range
 
 EXECUTORS = ("process", "ray", "inline")
+LOSSES = ("ce", "advantage")
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,14 @@ class PolicyIterationConfig:
     see_future: bool = False
     """True: rollouts on the real future (a clairvoyant reference, never deployable)."""
     antithetic: bool = False
+    loss: str = "ce"
+    """``ce``: cross-entropy to the KL-regularised improvement targets (module doc).
+    ``advantage``: regress the network's output differences net(a) - net(teacher's action)
+    on the rollout advantages (least squares averages the rollouts' noise across states), so
+    with the prior the policy deviates from the teacher where the predicted saving exceeds
+    ``prior`` requests-in-system seconds."""
     temperature: float = 1.0
-    """Requests-in-system seconds per nat of the improvement target (see the module doc)."""
+    """Requests-in-system seconds per nat of the improvement target (``loss=ce``)."""
     prior: float = 2.0
     """Logit bonus of the teacher's own action: the network learns where to deviate from the
     teacher (a residual policy), and starts as the teacher exactly (its last layers start at 0)."""
@@ -98,6 +105,7 @@ class PolicyIterationConfig:
         check_range(f"{p}.learning_rate", self.learning_rate, 0.0, lo_open=True)
         check_range(f"{p}.prior", self.prior, 0.0)
         check_choice(f"{p}.executor", self.executor, EXECUTORS)
+        check_choice(f"{p}.loss", self.loss, LOSSES)
         if not self.validation_seeds:
             raise ConfigError(f"{p}.validation_seeds is empty; allowed: a list of seeds")
         for s in self.validation_seeds:
@@ -315,14 +323,19 @@ def improvement_targets(logits: np.ndarray, mask: np.ndarray, adv: np.ndarray,
 
 
 def fit(net, data: dict, cfg: PolicyIterationConfig, seed: int) -> float:
-    """Masked cross-entropy of the policy's logits (network + teacher prior) against the target
-    distributions in ``data`` (``obs``, ``mask``, ``teacher``, ``target``), ``cfg.epochs``
-    passes of Adam. Returns the last epoch's mean loss."""
+    """``cfg.loss="ce"``: masked cross-entropy of the policy's logits (network + teacher prior)
+    against the target distributions in ``data`` (``obs``, ``mask``, ``teacher``, ``target``).
+    ``"advantage"``: squared error of net(a) - net(teacher) against ``data["adv"]`` over the
+    labelled actions. ``cfg.epochs`` passes of Adam; returns the last epoch's mean loss."""
     th.set_num_threads(1)
     net.train()
     opt = th.optim.Adam(net.parameters(), lr=cfg.learning_rate)
     X, M = th.from_numpy(data["obs"]), th.from_numpy(data["mask"])
     A, T = th.from_numpy(data["teacher"]), th.from_numpy(data["target"].astype(np.float32))
+    if cfg.loss == "advantage":
+        adv = data["adv"]
+        lab = th.from_numpy(np.isfinite(adv) & data["mask"])
+        ADV = th.from_numpy(np.nan_to_num(adv, nan=0.0).astype(np.float32))
     g = th.Generator().manual_seed(seed)
     n = len(X)
     loss_v = math.nan
@@ -331,8 +344,14 @@ def fit(net, data: dict, cfg: PolicyIterationConfig, seed: int) -> float:
         tot = 0.0
         for i in range(0, n, cfg.batch_size):
             idx = perm[i:i + cfg.batch_size]
-            z = prior_logits(net, X[idx], A[idx], cfg.prior).masked_fill(~M[idx], -1e9)
-            loss = -(T[idx] * F.log_softmax(z, dim=1)).sum(dim=1).mean()
+            if cfg.loss == "advantage":
+                q = net(X[idx])
+                d = q - q.gather(1, A[idx].clamp(min=0)[:, None])
+                err = (d - ADV[idx]).masked_fill(~lab[idx], 0.0)
+                loss = (err * err).sum() / lab[idx].sum().clamp(min=1)
+            else:
+                z = prior_logits(net, X[idx], A[idx], cfg.prior).masked_fill(~M[idx], -1e9)
+                loss = -(T[idx] * F.log_softmax(z, dim=1)).sum(dim=1).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -401,7 +420,7 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
     best_state = {k: v.clone() for k, v in net.state_dict().items()}
     if out is not None:
         NetPolicy(net, cfg.prior, cfg.teacher, cfg.teacher_options).save(Path(out) / "round0.pt", layout, cfg)
-    data: dict[str, list] = {"obs": [], "mask": [], "teacher": [], "target": []}
+    data: dict[str, list] = {"obs": [], "mask": [], "teacher": [], "target": [], "adv": []}
     for r in range(1, cfg.rounds + 1):
         seeds = [cfg.round_seed + 100 * r + e for e in range(cfg.episodes_per_round)]
         eps = _episodes(kw, cfg, seeds, net, layout, True, cfg.seed + r)
@@ -414,7 +433,7 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
             adv = np.stack([ep["adv"][i] for i in rows])
             prev = _logits(net, obs, teach, cfg.prior)
             tgt = improvement_targets(prev, mask, adv, cfg.temperature)
-            for key, v in (("obs", obs), ("mask", mask), ("teacher", teach), ("target", tgt)):
+            for key, v in (("obs", obs), ("mask", mask), ("teacher", teach), ("target", tgt), ("adv", adv)):
                 data[key].append(v)
             n_lab += len(rows)
             deviate += int(np.sum(np.argmax(tgt, 1) != teach))

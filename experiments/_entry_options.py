@@ -77,7 +77,7 @@ def check_agents(value) -> dict:
         for key in ("kind", "path"):
             if spec.get(key) in (None, ""):
                 raise ConfigError(f"agents.{name}.{key} is missing; allowed keys: {', '.join(AGENT_KEYS)}")
-        lookup("agent kind", AGENTS, spec["kind"])
+        lookup("agent kind", {**AGENTS, "distilled": None}, spec["kind"])   # distilled: agents.policy_iteration
         if not isinstance(spec["path"], str):
             raise ConfigError(f"agents.{name}.path={spec['path']!r} must be a file path")
         if spec.get("env") is not None and not isinstance(spec["env"], dict):

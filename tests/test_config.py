@@ -12,7 +12,8 @@ from llm_lb_gym.workload.arrivals import PoissonArrivals
 
 
 @pytest.mark.parametrize("kwargs, pattern", [
-    (dict(block_size=0), r"engine\.block_size=0 .*allowed: \[1, inf\)"),
+    (dict(block_size=0), r"engine\.block_size=0 .*allowed: \[1, 1048576\]"),
+    (dict(block_size=2**63), r"engine\.block_size=9223372036854775808 .*allowed: \[1, 1048576\]"),
     (dict(max_num_seqs=0), r"engine\.max_num_seqs=0 .*allowed"),
     (dict(max_num_batched_tokens=0), r"engine\.max_num_batched_tokens=0"),
     (dict(scheduler="lifo"), r"engine\.scheduler='lifo' is not valid; allowed: fcfs, least_work_left, bin_packing"),

@@ -76,7 +76,7 @@ class EngineConfig:
         if self.model_config is not None and self.gpu is None:
             raise ConfigError("engine.model_config needs engine.gpu; allowed: " + ", ".join(GPUS))
         self.hardware  # validates the preset name (or the custom model on its GPU)
-        check_int("engine.block_size", self.block_size, 1)
+        check_int("engine.block_size", self.block_size, 1, MAX_CONTEXT_TOKENS)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
         if self.num_kv_blocks is not None:
             check_int("engine.num_kv_blocks", self.num_kv_blocks, 1, MAX_TOKENS)

@@ -306,9 +306,10 @@ class HardwarePreset:
         free = g.memory_bytes * gpu_memory_utilization - m.weight_bytes - g.activation_reserve_bytes
         blocks = int(free // (m.kv_bytes_per_token * block_size))
         if blocks < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"preset {self.name}: no memory left for the KV cache at "
-                f"gpu_memory_utilization={gpu_memory_utilization}"
+                f"engine.gpu_memory_utilization={gpu_memory_utilization} with engine.block_size="
+                f"{block_size}; raise gpu_memory_utilization (up to 1.0) or set engine.num_kv_blocks"
             )
         return blocks
 
