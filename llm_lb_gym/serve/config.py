@@ -1,0 +1,71 @@
+"""Typed options of the router service (``llm-lb-gym serve router``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .._validate import ConfigError, check_int, check_range
+
+
+@dataclass(frozen=True)
+class RouterServiceConfig:
+    """Options of one router service process."""
+
+    backends: tuple[str, ...]
+    """Base URLs of the OpenAI-compatible backends (``http://127.0.0.1:8001``), in instance order."""
+    router: str = "round_robin"
+    """A name of ``llm_lb_gym.policies.ROUTERS``."""
+    router_options: dict = field(default_factory=dict)
+    """The router's keyword options (as in ``conf/evaluate.yaml``'s ``eval.policy_options``)."""
+    models: tuple[str, ...] = ("sim-model",)
+    """Model names accepted in ``model`` (an unknown one is a 404 at the router)."""
+    context_tokens: int = 4096
+    """Most prompt + max_tokens of a request (the served model's context window)."""
+    tokenizer: str | None = None
+    """Local Hugging Face tokenizer directory of the served model; None: count words."""
+    preset: str = "llama2-7b-v100"
+    """Latency preset for routers' ideal-latency estimates (late_binding's ``shortest`` order)."""
+    decision_interval_s: float = 0.02
+    """How often a holding router (one that defers) is asked again while requests wait."""
+    poll_interval_s: float = 0.25
+    """Period of the backends' ``/metrics`` polls (also the health check)."""
+    stale_s: float = 2.0
+    """Polled metrics older than this are ignored (the in-flight table alone is used)."""
+    block_size: int = 16
+    """KV block size assumed for backends that do not export it (llama.cpp)."""
+    num_blocks: int = 1887
+    """KV blocks assumed per backend that does not export them (default: the V100 preset's)."""
+    max_seqs: int = 128
+    """Batch slots per backend (late_binding releases only while one is free)."""
+    max_attempts: int = 3
+    """Backends tried per request when connecting or a non-streamed reply fails."""
+    queue_timeout_s: float = 60.0
+    """A request waiting this long at the router (no backend up, or held) gets a 503."""
+    request_timeout_s: float = 600.0
+    """Upstream read timeout."""
+    seed: int = 0
+    """Seed of the router's generator (random, power_of_two)."""
+
+    def __post_init__(self) -> None:
+        from ..policies.registry import ROUTERS
+
+        if not self.backends:
+            raise ConfigError("backends: give at least one backend URL (--backend http://HOST:PORT)")
+        for b in self.backends:
+            if not (b.startswith("http://") or b.startswith("https://")):
+                raise ConfigError(f"backends: {b!r} is not an http(s) URL")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router={self.router!r} is unknown; allowed: {', '.join(ROUTERS)}")
+        if not self.models:
+            raise ConfigError("models: give at least one model name")
+        check_int("context_tokens", self.context_tokens, 2)
+        check_range("decision_interval_s", self.decision_interval_s, 0.001, 60.0)
+        check_range("poll_interval_s", self.poll_interval_s, 0.01, 600.0)
+        check_range("stale_s", self.stale_s, 0.0, lo_open=True, allow_inf=True)
+        check_int("block_size", self.block_size, 1)
+        check_int("num_blocks", self.num_blocks, 1)
+        check_int("max_seqs", self.max_seqs, 1)
+        check_int("max_attempts", self.max_attempts, 1, 100)
+        check_range("queue_timeout_s", self.queue_timeout_s, 0.0, lo_open=True)
+        check_range("request_timeout_s", self.request_timeout_s, 0.0, lo_open=True)
+        check_int("seed", self.seed, 0)

@@ -1,0 +1,299 @@
+"""The router service: OpenAI-compatible, routes each request with a registered router.
+
+Per request: validate the body (``protocol.py``; a 4xx with the reason, before any routing),
+add it to the service table and the router queue, and let the router decide through
+``policies.drive.decide`` on the ``ServiceCluster`` view (``view.py``), exactly as it decides in
+the simulator. A router that never defers routes every queued request at once; a holding
+router (``late_binding``) keeps requests in the queue and is asked again every
+``decision_interval_s`` and whenever a request ends. The request is then proxied to its backend
+and the reply passed through unchanged: a streamed reply chunk by chunk as it arrives (each SSE
+event counts as one token streamed in the in-flight table).
+
+Faults. A backend that refuses the connection or breaks a non-streamed reply is marked down and
+the request goes back to the queue for another backend (up to ``max_attempts``); a streamed
+reply that breaks after bytes went out cannot be replayed, so the client gets a final SSE
+``error`` event; either way it is counted (``llm_lb_router_requests_total{outcome}``). The
+poller marks a backend down when its ``/metrics`` fails and up again when it answers. A client
+that disconnects from a stream closes the upstream connection, which cancels the request at a
+vLLM or llama.cpp server.
+
+Why FastAPI + uvicorn + httpx: they are what the ecosystem's OpenAI-compatible servers use
+(vLLM's API server is FastAPI on uvicorn, its router examples use httpx), so users know them;
+uvicorn with uvloop and httptools is among the fastest Python ASGI servers, and httpx's async
+client pools keep-alive connections per backend. Handlers read the raw body (no pydantic model
+of the request), which keeps the router's own cost per request small (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..policies.drive import decide
+from ..policies.registry import make_router
+from ..sim.latency import get_preset
+from .config import RouterServiceConfig
+from .protocol import CHAT, COMPLETIONS, BadRequest, error_body, make_counter, parse_request
+from .scrape import parse_metrics
+from .view import BackendView, ServiceCluster, ServiceTable
+
+_DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2)
+_UPSTREAM_ERRORS = (httpx.TransportError,)
+
+
+class NoBackend(Exception):
+    """No backend took the request within ``queue_timeout_s``."""
+
+
+class RouterService:
+    """The router's state: view, router, waiters, HTTP client, metrics (one event loop)."""
+
+    def __init__(self, cfg: RouterServiceConfig):
+        self.cfg = cfg
+        self.count = make_counter(cfg.tokenizer)
+        self.router = make_router(cfg.router, **cfg.router_options)
+        self.latency = get_preset(cfg.preset).latency
+        self.rng = np.random.default_rng(cfg.seed)
+        self.table = ServiceTable()
+        self.views = [BackendView(i, url.rstrip("/"), self.table, block_size=cfg.block_size,
+                                  num_blocks=cfg.num_blocks, max_seqs=cfg.max_seqs,
+                                  latency=self.latency, stale_s=cfg.stale_s)
+                      for i, url in enumerate(cfg.backends)]
+        self.cluster = ServiceCluster(self.views)
+        self.router.reset(self.rng, len(self.cluster.engines))
+        self.waiters: dict[int, asyncio.Future] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self.client: httpx.AsyncClient | None = None
+        self._metrics()
+
+    def _metrics(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.m_requests = Counter("llm_lb_router_requests", "Requests by endpoint and outcome",
+                                  ["endpoint", "outcome"], registry=r)
+        Gauge("llm_lb_router_queue_length", "Requests held in the router queue",
+              registry=r).set_function(lambda: len(self.cluster.queue))
+        inflight = Gauge("llm_lb_router_backend_in_flight", "Requests in flight per backend",
+                         ["backend"], registry=r)
+        up = Gauge("llm_lb_router_backend_up", "1 when the backend is routed to", ["backend"], registry=r)
+        for v in self.views:
+            inflight.labels(v.url).set_function(lambda v=v: len(v.inflight))
+            up.labels(v.url).set_function(lambda v=v: 1.0 if v.up else 0.0)
+        self.m_decision = Histogram("llm_lb_router_decision_seconds", "Time of one routing decision",
+                                    buckets=_DECISION_BUCKETS, registry=r)
+        self.m_failover = Counter("llm_lb_router_failovers", "Requests sent again after a backend failed",
+                                  ["backend"], registry=r)
+        self.m_down = Counter("llm_lb_router_backend_down", "Times a backend was marked down",
+                              ["backend"], registry=r)
+
+    # ------------------------------------------------------------------ routing
+    def dispatch(self) -> None:
+        """Ask the router while requests wait; wake each routed request's handler."""
+        c = self.cluster
+        if c.refresh() and c.engines:
+            self.router.reset(self.rng, len(c.engines))
+        if not c.engines:
+            return
+        while c.queue:
+            t0 = time.perf_counter()
+            choice = decide(c, self.router)
+            self.m_decision.observe(time.perf_counter() - t0)
+            if choice is None:
+                if self._timer is None:
+                    self._timer = asyncio.get_running_loop().call_later(
+                        self.cfg.decision_interval_s, self._tick)
+                return
+            pos, inst = choice
+            rid = c.route(inst, pos)
+            fut = self.waiters.pop(rid)
+            if not fut.done():
+                fut.set_result(c.engines[inst])
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.dispatch()
+
+    async def acquire(self, rid: int) -> BackendView:
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters[rid] = fut
+        self.cluster.queue.append(rid)
+        self.dispatch()
+        if fut.done():
+            return fut.result()
+        try:
+            return await asyncio.wait_for(fut, self.cfg.queue_timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+            self.waiters.pop(rid, None)
+            with contextlib.suppress(ValueError):
+                self.cluster.queue.remove(rid)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise NoBackend from None
+
+    def finish(self, view: BackendView, rid: int) -> None:
+        view.on_end(rid)
+        if self.cluster.queue:
+            self.dispatch()
+
+    def mark_down(self, view: BackendView) -> None:
+        if view.up:
+            view.up = False
+            self.m_down.labels(view.url).inc()
+
+    async def poll_forever(self) -> None:
+        """Scrape every backend's /metrics each poll interval; it is also the health check."""
+        while True:
+            await asyncio.gather(*(self._poll(v) for v in self.views))
+            if self.cluster.queue:
+                self.dispatch()
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def _poll(self, v: BackendView) -> None:
+        try:
+            r = await self.client.get(v.url + "/metrics", timeout=max(0.5, self.cfg.poll_interval_s))
+            r.raise_for_status()
+        except httpx.HTTPError:
+            self.mark_down(v)
+            return
+        v.on_poll(parse_metrics(r.text), time.monotonic())
+        v.up = True
+
+    # ------------------------------------------------------------------ proxying
+    async def handle(self, request: Request, kind: str, path: str):
+        raw = await request.body()
+        try:
+            req = parse_request(raw, kind, self.cfg.models, self.cfg.context_tokens, self.count)
+        except BadRequest as exc:
+            self.m_requests.labels(kind, "rejected").inc()
+            return JSONResponse(exc.body(), status_code=exc.status)
+        tb = self.table
+        rid = tb.add(req.prompt_tokens, float(req.max_tokens), self.cluster.t,
+                     1.0 / max(1e-6, self.latency.isolated_request_s(req.prompt_tokens, req.max_tokens)))
+        headers = {"content-type": "application/json"}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        try:
+            return await self._send(req, raw, headers, kind, path, rid)
+        except BaseException:
+            tb.free(rid)
+            raise
+
+    async def _send(self, req, raw: bytes, headers: dict, kind: str, path: str, rid: int):
+        last_error = ""
+        for attempt in range(self.cfg.max_attempts):
+            try:
+                view = await self.acquire(rid)
+            except NoBackend:
+                self.m_requests.labels(kind, "no_backend").inc()
+                self.table.free(rid)
+                why = "no backend is up" if not self.cluster.engines else "the router held it"
+                return JSONResponse(error_body(f"no backend took the request within "
+                                               f"{self.cfg.queue_timeout_s} s ({why})", "no_backend"),
+                                    status_code=503)
+            url = view.url + path
+            try:
+                upstream = self.client.build_request("POST", url, content=raw, headers=headers)
+                resp = await self.client.send(upstream, stream=req.stream)
+            except _UPSTREAM_ERRORS as exc:
+                last_error = f"{view.url}: {type(exc).__name__}: {exc}"
+                self.mark_down(view)
+                self.m_failover.labels(view.url).inc()
+                self.finish(view, rid)
+                self.table.o_base[rid] = 0
+                continue
+            except BaseException:   # cancelled (client gone, shutdown): out of flight, then up
+                self.finish(view, rid)
+                raise
+            if not req.stream:
+                self.finish(view, rid)
+                self.table.free(rid)
+                outcome = "ok" if resp.status_code == 200 else "backend_status"
+                self.m_requests.labels(kind, outcome).inc()
+                return Response(resp.content, status_code=resp.status_code,
+                                media_type=resp.headers.get("content-type", "application/json"))
+            if resp.status_code != 200:
+                body = await resp.aread()
+                await resp.aclose()
+                self.finish(view, rid)
+                self.table.free(rid)
+                self.m_requests.labels(kind, "backend_status").inc()
+                return Response(body, status_code=resp.status_code,
+                                media_type=resp.headers.get("content-type", "application/json"))
+            return StreamingResponse(self._relay(resp, view, rid, kind), media_type="text/event-stream")
+        self.m_requests.labels(kind, "upstream_error").inc()
+        self.table.free(rid)
+        return JSONResponse(error_body(f"every attempt failed ({self.cfg.max_attempts}); last: "
+                                       f"{last_error}", "upstream_error"), status_code=502)
+
+    async def _relay(self, resp: httpx.Response, view: BackendView, rid: int, kind: str):
+        outcome = "cancelled"
+        try:
+            try:
+                async for chunk in resp.aiter_raw():
+                    n = chunk.count(b"data: ")
+                    if n:
+                        view.on_tokens(rid, n)
+                    yield chunk
+                outcome = "ok"
+            except _UPSTREAM_ERRORS as exc:
+                outcome = "upstream_error"
+                self.mark_down(view)
+                msg = f"backend {view.url} failed mid-stream ({type(exc).__name__}); the reply is incomplete"
+                yield b"data: " + json.dumps(error_body(msg, "upstream_error")).encode() + b"\n\n"
+        finally:
+            await resp.aclose()
+            self.finish(view, rid)
+            self.table.free(rid)
+            self.m_requests.labels(kind, outcome).inc()
+
+
+def create_app(cfg: RouterServiceConfig) -> FastAPI:
+    """The router service's FastAPI app (serve it with uvicorn)."""
+    svc = RouterService(cfg)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+        timeout = httpx.Timeout(cfg.request_timeout_s, connect=5.0)
+        svc.client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        poller = asyncio.create_task(svc.poll_forever())
+        yield
+        poller.cancel()
+        await svc.client.aclose()
+
+    app = FastAPI(lifespan=lifespan, title="llm_lb_gym router")
+    app.state.service = svc
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await svc.handle(request, COMPLETIONS, "/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await svc.handle(request, CHAT, "/v1/chat/completions")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "llm_lb_gym",
+                                            "max_model_len": cfg.context_tokens} for m in cfg.models]}
+
+    @app.get("/health")
+    async def health():
+        up = [v.url for v in svc.views if v.up]
+        down = [v.url for v in svc.views if not v.up]
+        return JSONResponse({"status": "ok" if up else "no_backend", "up": up, "down": down},
+                            status_code=200 if up else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(svc.registry), media_type="text/plain; version=0.0.4")
+
+    return app
