@@ -19,7 +19,8 @@ from llm_lb_gym.extras import missing_extra_message
 PROG = "llm-lb-gym"
 COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "calibrate",
             "calibrate_hardware", "paper_v100", "tune_late_binding", "train_predictor",
-            "eval_predictor", "bench_lookahead", "bench_predictor_latency", "merge", "improve")
+            "eval_predictor", "bench_lookahead", "bench_predictor_latency", "merge", "improve",
+            "serve", "loadgen", "bench_serve")
 """Modules of ``experiments`` with a ``main()`` that reads ``sys.argv``."""
 
 

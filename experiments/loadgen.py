@@ -1,0 +1,175 @@
+"""Loadgen: replay one workload through the router service per router, paired, over HTTP.
+
+    llm-lb-gym loadgen --routers round_robin,jsq,late_binding --sim-backends 4 --time-scale 4 \\
+        --requests 200 -w rate_rps=10
+    llm-lb-gym loadgen --url http://127.0.0.1:8000 --requests 100     # one running service
+
+With ``--sim-backends N`` each router gets a fresh stack on 127.0.0.1 (N simulated backends
+and one router process, all child processes, stopped afterwards), and every router sees the
+same request sequence (``--seed``): a paired comparison, as ``experiments.evaluate`` pairs
+episodes. The same sequence is also run through the simulator itself with the same router
+(``sim`` rows), so the table shows how far the served cluster and the simulation agree.
+Latencies are in the workload's seconds (wall seconds x time scale). Writes ``results.csv``
+(one row per request and router) and ``summary.md`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import sys
+from pathlib import Path
+
+import numpy as np
+
+COLUMNS = (("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50 E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"),
+           ("mean_ttft_s", "mean TTFT (s)"), ("p99_ttft_s", "p99 TTFT (s)"), ("mean_tbt_s", "mean TBT (s)"))
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="llm-lb-gym loadgen", description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default=None, help="replay against this running service instead")
+    ap.add_argument("--routers", default="round_robin,jsq")
+    ap.add_argument("-o", "--option", action="append", default=[],
+                    help="router option ROUTER.key=value (repeat)")
+    ap.add_argument("--sim-backends", type=int, default=4)
+    ap.add_argument("--preset", default="llama2-7b-v100")
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--workload", default="task_mix")
+    ap.add_argument("-w", "--workload-option", action="append", default=[], help="key=value")
+    ap.add_argument("--requests", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-concurrency", type=int, default=512)
+    ap.add_argument("--no-stream", action="store_true")
+    ap.add_argument("--context-tokens", type=int, default=4096)
+    ap.add_argument("--out", default="runs/loadgen")
+    return ap
+
+
+def _kv(pairs):
+    import yaml
+
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep:
+            raise SystemExit(f"loadgen: {p!r} is not key=value")
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def workload_batch(args):
+    from llm_lb_gym.workload import make_workload
+
+    opts = {"max_context_tokens": args.context_tokens}
+    opts.update(_kv(args.workload_option))
+    wl = make_workload(args.workload, **opts)
+    return wl.sample(np.random.default_rng(args.seed), args.requests)
+
+
+def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int) -> dict:
+    """The same requests through the simulator (oracle predictions = max_tokens, as served)."""
+    from llm_lb_gym.policies.drive import run_router
+    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
+    from llm_lb_gym.sim.metrics import episode_metrics
+
+    r = make_router(router, **options)
+    cluster = run_router(batch, ClusterConfig(num_instances=n, engine=EngineConfig(preset=preset)), r,
+                         np.random.default_rng(seed), 0.02 if r.defers else 0.0)
+    return episode_metrics(cluster.table)
+
+
+def serve_stack(args, router: str, options: dict):
+    """Start N simulated backends and a router (child processes); return (url, processes)."""
+    import os
+    import subprocess
+
+    from llm_lb_gym.serve.launch import free_port, spawn_sim_backend, wait_healthy
+
+    procs, urls = [], []
+    try:
+        for _ in range(args.sim_backends):
+            port = free_port()
+            procs.append(spawn_sim_backend(port, "--time-scale", str(args.time_scale), "--preset", args.preset))
+            urls.append(f"http://127.0.0.1:{port}")
+        port = free_port()
+        cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router,
+               "--preset", args.preset, "--context-tokens", str(args.context_tokens),
+               "--decision-interval-s", str(0.02 / args.time_scale)]
+        for u in urls:
+            cmd += ["--backend", u]
+        for k, v in options.items():
+            cmd += ["-o", f"{k}={v}"]
+        procs.append(subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                      stdout=subprocess.DEVNULL))
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, 60.0, procs[-1])
+        return url, procs
+    except BaseException:
+        stop(procs)
+        raise
+
+
+def stop(procs) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
+
+
+def main(argv=None) -> None:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from llm_lb_gym.serve.loadgen import replay, summarize
+
+    batch = workload_batch(args)
+    routers = [r for r in args.routers.split(",") if r]
+    per_router: dict[str, dict] = {}
+    for key, value in _kv(args.option).items():
+        r, _, k = key.partition(".")
+        per_router.setdefault(r, {})[k] = value
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, summary = [], {}
+    for router in (routers if args.url is None else ["service"]):
+        opts = per_router.get(router, {})
+        procs = []
+        url = args.url
+        if url is None:
+            url, procs = serve_stack(args, router, opts)
+        try:
+            res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens,
+                                     time_scale=args.time_scale, max_concurrency=args.max_concurrency,
+                                     stream=not args.no_stream))
+        finally:
+            stop(procs)
+        summary[router] = summarize(res)
+        rows += [dict(router=router, **r.__dict__) for r in res]
+        if args.url is None:
+            summary[router + " (sim)"] = simulate(batch, router, opts, args.sim_backends, args.preset, args.seed)
+        print(f"{router}: {summary[router]['errors']:.0f} errors of {len(res)}", file=sys.stderr)
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    base = summary[routers[0]] if args.url is None else None
+    lines = ["| router | " + " | ".join(h for _, h in COLUMNS) + " | errors | E2E vs " +
+             (routers[0] if base else "-") + " |", "|" + "---|" * (len(COLUMNS) + 3)]
+    for name, s in summary.items():
+        change = ""
+        if base and not name.endswith("(sim)"):
+            change = f"{100 * (s['mean_e2e_s'] - base['mean_e2e_s']) / base['mean_e2e_s']:+.2f}%"
+        elif base:
+            sb = summary[routers[0] + " (sim)"]
+            change = f"{100 * (s['mean_e2e_s'] - sb['mean_e2e_s']) / sb['mean_e2e_s']:+.2f}%"
+        errs = s.get("errors", s.get("rejected", 0))
+        lines.append(f"| {name} | " + " | ".join(f"{s[k]:.3f}" for k, _ in COLUMNS) + f" | {errs:.0f} | {change} |")
+    text = (f"{args.requests} requests of {args.workload} {args.workload_option}, seed {args.seed}, "
+            f"{args.sim_backends} x {args.preset}, time scale {args.time_scale}\n\n" + "\n".join(lines) + "\n")
+    (out / "summary.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Open-loop load generation: replay a workload's requests against an OpenAI-compatible URL.
+
+Each request is sent at its arrival time (divided by ``time_scale``), whether or not earlier
+ones have finished (open loop: a slow server does not slow the arrivals, as in production);
+``max_concurrency`` bounds the connections held at once, and a request that waits for one
+is late: its latencies still count from its scheduled arrival, so the wait shows in them.
+The prompt is ``prompt_tokens`` words (one token each for the word counter; a real tokenizer
+counts about as many) and ``max_tokens`` is the workload's decode length, so a simulated
+backend generates exactly the workload's tokens.
+
+Per request: TTFT (first SSE event with text), mean TBT (time between the first and the last
+token over the tokens after the first), E2E, tokens received, HTTP status and the error, if
+any. Latencies are reported in the workload's seconds: wall seconds times ``time_scale``
+(which is what the simulated backends' clock runs at when given the same time scale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Result:
+    """One replayed request (seconds on the workload's clock; NaN where not reached)."""
+
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    ttft_s: float
+    tbt_s: float
+    e2e_s: float
+    tokens: int
+    status: int
+    error: str | None
+
+
+def _error_of(payload: bytes) -> str | None:
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and "error" in obj:
+        err = obj["error"]
+        return err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    return None
+
+
+async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d: int,
+               t0: float, scale: float, sem: asyncio.Semaphore, stream: bool, chat: bool) -> Result:
+    await asyncio.sleep(max(0.0, t0 + arrival_s / scale - time.monotonic()))
+    start = t0 + arrival_s / scale
+    words = " ".join(["tok"] * p)
+    if chat:
+        body = {"model": model, "messages": [{"role": "user", "content": words}], "max_tokens": d,
+                "stream": stream}
+        path = "/v1/chat/completions"
+    else:
+        body = {"model": model, "prompt": words, "max_tokens": d, "stream": stream}
+        path = "/v1/completions"
+    first = last = math.nan
+    tokens, status, error = 0, 0, None
+    async with sem:
+        try:
+            if not stream:
+                r = await client.post(url + path, json=body)
+                status = r.status_code
+                if status == 200:
+                    usage = r.json().get("usage", {})
+                    tokens = int(usage.get("completion_tokens", d))
+                    first = last = time.monotonic()
+                else:
+                    error = _error_of(r.content) or f"HTTP {status}"
+            else:
+                async with client.stream("POST", url + path, json=body) as r:
+                    status = r.status_code
+                    if status != 200:
+                        error = _error_of(await r.aread()) or f"HTTP {status}"
+                    else:
+                        async for line in r.aiter_lines():
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            if '"error"' in line:
+                                error = _error_of(line[6:].encode()) or line
+                                continue
+                            if '"finish_reason":null' in line.replace(" ", ""):
+                                now = time.monotonic()
+                                if tokens == 0:
+                                    first = now
+                                last = now
+                                tokens += 1
+        except Exception as exc:   # connection refused, reset, timeout: recorded, not raised
+            error = f"{type(exc).__name__}: {exc}"
+    end = time.monotonic()
+    if error is None and stream and tokens < d:
+        error = f"stream ended after {tokens} of {d} tokens"
+    ok = error is None
+    tbt = (last - first) / (tokens - 1) * scale if ok and tokens > 1 else math.nan
+    return Result(i, arrival_s, p, d, (first - start) * scale if ok else math.nan, tbt,
+                  (end - start) * scale if ok else math.nan, tokens, status, error)
+
+
+async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str = "sim-model",
+                 time_scale: float = 1.0, max_concurrency: int = 256, stream: bool = True,
+                 chat: bool = False, timeout_s: float = 600.0) -> list[Result]:
+    """Replay the requests (arrival times in seconds from 0) against ``url``; one Result each,
+    in input order. Every request ends with a result: an error is recorded, never raised."""
+    import httpx
+
+    if time_scale <= 0 or max_concurrency < 1:
+        raise ValueError(f"time_scale={time_scale} must be > 0 and max_concurrency={max_concurrency} >= 1")
+    url = url.rstrip("/")
+    sem = asyncio.Semaphore(max_concurrency)
+    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+        t0 = time.monotonic() + 0.05
+        tasks = [_one(client, url, model, i, float(a), int(p), int(d), t0, time_scale, sem, stream, chat)
+                 for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, max_tokens))]
+        return list(await asyncio.gather(*tasks))
+
+
+def summarize(results: list[Result]) -> dict[str, float]:
+    """Mean / p50 / p99 of E2E, TTFT, TBT over the successful requests, and the error count."""
+    ok = [r for r in results if r.error is None]
+    out: dict[str, float] = {"requests": len(results), "errors": len(results) - len(ok)}
+    for key in ("e2e_s", "ttft_s", "tbt_s"):
+        v = np.array([getattr(r, key) for r in ok], np.float64)
+        v = v[~np.isnan(v)]
+        name = key[:-2]
+        for stat, f in (("mean", np.mean), ("p50", lambda x: np.percentile(x, 50)),
+                        ("p99", lambda x: np.percentile(x, 99))):
+            out[f"{stat}_{name}_s"] = float(f(v)) if len(v) else math.nan
+    return out

@@ -1,0 +1,291 @@
+"""The router service over real sockets on 127.0.0.1: streaming, metrics, routing, bad input,
+faults, client disconnects (llm_lb_gym/serve, docs/serving.md).
+
+Servers run on ephemeral ports in threads of this process (one backend in a child process where
+a test kills it); every wait is a bounded loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("prometheus_client")
+
+from llm_lb_gym.serve.config import RouterServiceConfig  # noqa: E402
+from llm_lb_gym.serve.launch import ServerThread, free_port, spawn_sim_backend  # noqa: E402
+from llm_lb_gym.serve.loadgen import replay, summarize  # noqa: E402
+from llm_lb_gym.serve.protocol import BadRequest, parse_request  # noqa: E402
+from llm_lb_gym.serve.router_app import create_app as router_app  # noqa: E402
+from llm_lb_gym.serve.scrape import parse_metrics  # noqa: E402
+from llm_lb_gym.serve.sim_backend import SimBackendConfig  # noqa: E402
+from llm_lb_gym.serve.sim_backend import create_app as sim_app  # noqa: E402
+from llm_lb_gym.sim.config import EngineConfig  # noqa: E402
+
+MODEL = "sim-model"
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        m = re.match(r"^([\w:]+)(\{[^}]*\})?\s+(\S+)$", line)
+        if not m or m.group(1) != name:
+            continue
+        lab = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(lab.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+            found = True
+    assert found, f"no sample of {name} {labels}"
+    return total
+
+
+def wait_for(pred, timeout_s: float = 10.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def backends():
+    servers = [ServerThread(sim_app(SimBackendConfig(time_scale=2.0))) for _ in range(2)]
+    yield servers
+    for s in servers:
+        s.stop()
+
+
+def start_router(urls, **kw):
+    kw.setdefault("poll_interval_s", 0.05)
+    return ServerThread(router_app(RouterServiceConfig(backends=tuple(urls), **kw)))
+
+
+def test_streaming_passes_tokens_through_as_they_are_made(backends):
+    with start_router([b.url for b in backends], router="jsq") as r:
+        stamps = []
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hello there"}],
+                "max_tokens": 8, "stream": True}
+        with httpx.stream("POST", r.url + "/v1/chat/completions", json=body, timeout=20) as resp:
+            assert resp.status_code == 200
+            assert resp.headers["content-type"].startswith("text/event-stream")
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    stamps.append((time.monotonic(), line))
+        tokens = [t for t, line in stamps if '"content":" tok"' in line]
+        assert len(tokens) == 8 and stamps[-1][1] == "data: [DONE]"
+        # Seven decode iterations of the V100 preset (~15 ms simulated each, time scale 2)
+        # separate the first token from the last: not one burst at the end.
+        assert tokens[-1] - tokens[0] > 0.02
+        assert json.loads(stamps[0][1][6:])["object"] == "chat.completion.chunk"
+
+
+def test_bad_input_gets_a_4xx_with_the_reason(backends):
+    with start_router([backends[0].url], context_tokens=100) as r:
+        cases = [
+            (b"{not json", 400, "not valid JSON"),
+            (b"[1, 2]", 400, "JSON object"),
+            (json.dumps({"model": "gpt-9", "prompt": "hi"}).encode(), 404, "does not exist"),
+            (json.dumps({"model": MODEL, "prompt": "w " * 90, "max_tokens": 20}).encode(), 400,
+             "maximum context length is 100"),
+            (json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 0}).encode(), 400, "max_tokens"),
+            (json.dumps({"model": MODEL, "prompt": 5}).encode(), 400, "'prompt'"),
+        ]
+        for raw, status, reason in cases:
+            resp = httpx.post(r.url + "/v1/completions", content=raw, timeout=10)
+            assert resp.status_code == status, resp.text
+            assert reason in resp.json()["error"]["message"]
+        resp = httpx.post(r.url + "/v1/chat/completions", json={"model": MODEL, "messages": []}, timeout=10)
+        assert resp.status_code == 400 and "messages" in resp.json()["error"]["message"]
+        text = httpx.get(r.url + "/metrics").text
+        assert metric(text, "llm_lb_router_requests_total", outcome="rejected") == 7
+        assert httpx.get(backends[0].url + "/metrics").text.count("sim_backend_requests_total 0") == 1
+
+
+def test_round_robin_alternates_and_metrics_count(backends):
+    with start_router([b.url for b in backends], router="round_robin") as r:
+        with httpx.Client(base_url=r.url, timeout=20) as c:
+            for _ in range(6):
+                resp = c.post("/v1/completions", json={"model": MODEL, "prompt": "a b c", "max_tokens": 2})
+                assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 2
+            text = c.get("/metrics").text
+            models = c.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == [MODEL]
+        for b in backends:
+            assert metric(httpx.get(b.url + "/metrics").text, "sim_backend_requests_total") == 3
+        assert metric(text, "llm_lb_router_requests_total", outcome="ok") == 6
+        assert metric(text, "llm_lb_router_decision_seconds_count") == 6
+        assert metric(text, "llm_lb_router_queue_length") == 0
+        for b in backends:
+            assert metric(text, "llm_lb_router_backend_in_flight", backend=b.url) == 0
+            assert metric(text, "llm_lb_router_backend_up", backend=b.url) == 1
+
+
+def test_least_requests_spreads_concurrent_streams(backends):
+    with start_router([b.url for b in backends], router="least_requests") as r:
+        n = 6
+        res = asyncio.run(replay(r.url, [0.0] * n, [4] * n, [20] * n, time_scale=2.0))
+        assert all(x.error is None for x in res), [x.error for x in res]
+        counts = [metric(httpx.get(b.url + "/metrics").text, "sim_backend_requests_total") for b in backends]
+        assert counts == [3, 3]
+
+
+def test_late_binding_holds_requests_at_the_router():
+    # 64 blocks of 16 tokens; each request needs 300 tokens = 19 blocks with full reservation,
+    # so at most three are released at once and the rest wait at the router, not in the backend.
+    eng = EngineConfig(num_kv_blocks=64)
+    with ServerThread(sim_app(SimBackendConfig(engine=eng, time_scale=4.0))) as b, \
+            start_router([b.url], router="late_binding",
+                         router_options={"period_s": 0.0, "reserve": "full"}) as r:
+        svc = r.server.config.app.state.service
+        wait_for(lambda: svc.views[0].total_blocks == 64, what="the first metrics poll")
+        held = []
+
+        async def go():
+            task = asyncio.ensure_future(replay(r.url, [0.0] * 8, [200] * 8, [100] * 8, time_scale=4.0))
+            for _ in range(200):
+                held.append(len(svc.cluster.queue))
+                await asyncio.sleep(0.01)
+                if task.done():
+                    break
+            return await task
+
+        res = asyncio.run(go())
+        assert all(x.error is None for x in res), [x.error for x in res]
+        assert max(held) >= 4 and held[-1] == 0
+
+
+def test_no_backend_up_is_a_503_not_a_hang():
+    port = free_port()
+    with start_router([f"http://127.0.0.1:{port}"], queue_timeout_s=0.5) as r:
+        wait_for(lambda: httpx.get(r.url + "/health").status_code == 503, what="backend marked down")
+        t = time.monotonic()
+        resp = httpx.post(r.url + "/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=10)
+        assert resp.status_code == 503 and "no backend" in resp.json()["error"]["message"]
+        assert time.monotonic() - t < 5
+
+
+def test_client_disconnect_cancels_the_upstream_request(backends):
+    b = backends[0]
+    with start_router([b.url]) as r:
+        body = {"model": MODEL, "prompt": "a", "max_tokens": 500, "stream": True}
+        with httpx.stream("POST", r.url + "/v1/completions", json=body, timeout=20) as resp:
+            got = 0
+            for line in resp.iter_lines():
+                got += line.startswith("data: ")
+                if got >= 3:
+                    break
+        svc = r.server.config.app.state.service
+        wait_for(lambda: metric(httpx.get(b.url + "/metrics").text, "sim_backend_cancelled_total") == 1,
+                 what="the backend to see the cancellation")
+        wait_for(lambda: not svc.views[0].inflight, what="the router's in-flight table to empty")
+        text = httpx.get(r.url + "/metrics").text
+        assert metric(text, "llm_lb_router_requests_total", outcome="cancelled") == 1
+
+
+def test_backend_killed_mid_replay_fails_over_and_comes_back(tmp_path):
+    port = free_port()
+    proc = spawn_sim_backend(port, "--time-scale", "2")
+    killed_url = f"http://127.0.0.1:{port}"
+    with ServerThread(sim_app(SimBackendConfig(time_scale=2.0))) as alive, \
+            start_router([killed_url, alive.url], router="round_robin") as r:
+        svc = r.server.config.app.state.service
+        n = 16
+
+        async def go():
+            task = asyncio.ensure_future(replay(r.url, [0.05 * i for i in range(n)], [8] * n, [40] * n,
+                                                time_scale=2.0, stream=False))
+            await asyncio.sleep(0.3)
+            proc.kill()
+            return await task
+
+        try:
+            res = asyncio.run(go())
+        finally:
+            proc.kill()
+            proc.wait()
+        # Non-streamed requests are retried on the other backend: none is lost.
+        assert [x.error for x in res] == [None] * n
+        text = httpx.get(r.url + "/metrics").text
+        assert metric(text, "llm_lb_router_backend_down_total", backend=killed_url) >= 1
+        assert metric(text, "llm_lb_router_requests_total", outcome="ok") == n
+        wait_for(lambda: not svc.views[0].up, what="the killed backend marked down")
+        proc = spawn_sim_backend(port, "--time-scale", "2")
+        try:
+            wait_for(lambda: svc.views[0].up, what="the restarted backend taken back")
+            for _ in range(4):
+                resp = httpx.post(r.url + "/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                                   "max_tokens": 1}, timeout=20)
+                assert resp.status_code == 200
+            assert metric(httpx.get(killed_url + "/metrics").text, "sim_backend_requests_total") >= 1
+        finally:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stream_broken_by_a_dead_backend_ends_with_a_counted_error():
+    port = free_port()
+    proc = spawn_sim_backend(port, "--time-scale", "1")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        with start_router([url]) as r:
+            body = {"model": MODEL, "prompt": "a", "max_tokens": 400, "stream": True}
+            lines = []
+            with httpx.stream("POST", r.url + "/v1/completions", json=body, timeout=20) as resp:
+                for line in resp.iter_lines():
+                    if line.startswith("data: "):
+                        lines.append(line)
+                        if len(lines) == 2:
+                            proc.kill()
+            assert "failed mid-stream" in lines[-1]
+            text = httpx.get(r.url + "/metrics").text
+            assert metric(text, "llm_lb_router_requests_total", outcome="upstream_error") == 1
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_replay_summary_counts_every_request(backends):
+    with start_router([b.url for b in backends], router="jsq") as r:
+        res = asyncio.run(replay(r.url, [0.0, 0.01, 0.02], [5, 50, 5], [3, 3, 3], time_scale=2.0))
+    s = summarize(res)
+    assert s["requests"] == 3 and s["errors"] == 0
+    assert 0 < s["mean_ttft_s"] <= s["mean_e2e_s"]
+
+
+def test_scrape_reads_vllm_and_llamacpp_names():
+    vllm = ('vllm:num_requests_running{model_name="m"} 3\nvllm:num_requests_waiting{model_name="m"} 2\n'
+            'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
+            'vllm:cache_config_info{block_size="16",num_gpu_blocks="900"} 1.0\n')
+    load = parse_metrics(vllm)
+    assert (load.running, load.waiting, load.kv_usage, load.num_blocks, load.block_size) == (3, 2, 0.25, 900, 16)
+    lcpp = "# HELP x\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 4\nllamacpp:kv_cache_usage_ratio 0.5\n"
+    load = parse_metrics(lcpp)
+    assert (load.running, load.waiting, load.kv_usage, load.num_blocks) == (1, 4, 0.5, None)
+
+
+def test_parse_request_names_the_field():
+    with pytest.raises(BadRequest, match="'stream'"):
+        parse_request(b'{"model": "m", "prompt": "x", "stream": "yes"}', "completions", ("m",), 10)
+    ok = parse_request(b'{"model": "m", "prompt": "a b c", "max_tokens": 7}', "completions", ("m",), 10)
+    assert (ok.prompt_tokens, ok.max_tokens, ok.stream) == (3, 7, False)
+
+
+def test_service_config_names_bad_options():
+    from llm_lb_gym._validate import ConfigError
+
+    with pytest.raises(ConfigError, match="allowed: round_robin"):
+        RouterServiceConfig(backends=("http://127.0.0.1:1",), router="nope")
+    with pytest.raises(ConfigError, match="not an http"):
+        RouterServiceConfig(backends=("127.0.0.1:1",))
+    with pytest.raises(Exception, match="late_binding.*option"):
+        router_app(RouterServiceConfig(backends=("http://127.0.0.1:1",), router="late_binding",
+                                       router_options={"nope": 1}))
