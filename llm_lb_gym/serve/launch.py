@@ -60,16 +60,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def wait_healthy(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | None = None) -> None:
     """Poll ``url``/health until it answers 200; raise naming the URL after ``timeout_s``."""
-    import httpx
+    import urllib.error
+    import urllib.request
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server process for {url} exited with status {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.HTTPError:
+            with urllib.request.urlopen(url + "/health", timeout=1.0) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.05)
     raise TimeoutError(f"{url}/health did not answer 200 within {timeout_s} s")

@@ -68,33 +68,28 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
     tokens, status, error = 0, 0, None
     async with sem:
         try:
-            if not stream:
-                r = await client.post(url + path, json=body)
-                status = r.status_code
-                if status == 200:
-                    usage = r.json().get("usage", {})
+            async with client.post(url + path, json=body) as r:
+                status = r.status
+                if status != 200:
+                    error = _error_of(await r.read()) or f"HTTP {status}"
+                elif not stream:
+                    usage = json.loads(await r.read()).get("usage", {})
                     tokens = int(usage.get("completion_tokens", d))
                     first = last = time.monotonic()
                 else:
-                    error = _error_of(r.content) or f"HTTP {status}"
-            else:
-                async with client.stream("POST", url + path, json=body) as r:
-                    status = r.status_code
-                    if status != 200:
-                        error = _error_of(await r.aread()) or f"HTTP {status}"
-                    else:
-                        async for line in r.aiter_lines():
-                            if not line.startswith("data: ") or line == "data: [DONE]":
-                                continue
-                            if '"error"' in line:
-                                error = _error_of(line[6:].encode()) or line
-                                continue
-                            if '"finish_reason":null' in line.replace(" ", ""):
-                                now = time.monotonic()
-                                if tokens == 0:
-                                    first = now
-                                last = now
-                                tokens += 1
+                    async for raw in r.content:
+                        line = raw.decode().rstrip("\n")
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        if '"error"' in line:
+                            error = _error_of(line[6:].encode()) or line
+                            continue
+                        if '"finish_reason":null' in line.replace(" ", ""):
+                            now = time.monotonic()
+                            if tokens == 0:
+                                first = now
+                            last = now
+                            tokens += 1
         except Exception as exc:   # connection refused, reset, timeout: recorded, not raised
             error = f"{type(exc).__name__}: {exc}"
     end = time.monotonic()
@@ -111,14 +106,14 @@ async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str =
                  chat: bool = False, timeout_s: float = 600.0) -> list[Result]:
     """Replay the requests (arrival times in seconds from 0) against ``url``; one Result each,
     in input order. Every request ends with a result: an error is recorded, never raised."""
-    import httpx
+    import aiohttp
 
     if time_scale <= 0 or max_concurrency < 1:
         raise ValueError(f"time_scale={time_scale} must be > 0 and max_concurrency={max_concurrency} >= 1")
     url = url.rstrip("/")
     sem = asyncio.Semaphore(max_concurrency)
-    limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout_s) as client:
+    connector = aiohttp.TCPConnector(limit=max_concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as client:
         t0 = time.monotonic() + 0.05
         tasks = [_one(client, url, model, i, float(a), int(p), int(d), t0, time_scale, sem, stream, chat)
                  for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, max_tokens))]

@@ -1,0 +1,146 @@
+"""Bench the router service: its added latency over direct calls, and its sustained request rate.
+
+    llm-lb-gym bench_serve                       # round_robin and jsq, 2 simulated backends
+    llm-lb-gym bench_serve --routers jsq --overhead-requests 1000 --rate-seconds 10
+
+Everything runs on 127.0.0.1 as child processes: N simulated backends at a very large time
+scale (their engine time is ~0, so what is measured is HTTP and the router) and one router
+process per router. Overhead: short non-streamed requests sent one at a time, alternating
+between the router and a backend directly; the router's overhead at p50 / p99 is the
+difference of the two latency percentiles. Rate: ``--concurrency`` requests kept in flight
+from one client process for ``--rate-seconds``; it reports requests per second, errors, and the
+router process's CPU seconds per request (from /proc), because on a small machine the client and
+the backends compete with the router for the same cores. The router's own decision time comes
+from its ``llm_lb_router_decision_seconds`` histogram.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+BODY = {"model": "sim-model", "prompt": "a b c d", "max_tokens": 1}
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start(args, router: str):
+    from llm_lb_gym.serve.launch import free_port, spawn_sim_backend, wait_healthy
+
+    procs, urls = [], []
+    for _ in range(args.backends):
+        port = free_port()
+        procs.append(spawn_sim_backend(port, "--time-scale", "100000"))
+        urls.append(f"http://127.0.0.1:{port}")
+    port = free_port()
+    cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router]
+    for u in urls:
+        cmd += ["--backend", u]
+    procs.append(subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL))
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, 60.0, procs[-1])
+    return url, urls, procs
+
+
+def overhead(router_url: str, backend_url: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    import httpx
+
+    direct, routed = [], []
+    with httpx.Client(timeout=10) as c:
+        for _ in range(50):    # warm up both paths (connections, caches)
+            c.post(router_url + "/v1/completions", json=BODY)
+            c.post(backend_url + "/v1/completions", json=BODY)
+        for _ in range(n):
+            for url, out in ((backend_url, direct), (router_url, routed)):
+                t = time.perf_counter()
+                r = c.post(url + "/v1/completions", json=BODY)
+                out.append(time.perf_counter() - t)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text}")
+    return np.array(direct), np.array(routed)
+
+
+async def rate(url: str, seconds: float, concurrency: int, max_requests: int) -> tuple[int, int, float]:
+    import aiohttp
+
+    ok = err = 0
+    sent = 0
+    deadline = time.monotonic() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency),
+                                     timeout=aiohttp.ClientTimeout(total=10)) as c:
+        async def worker():
+            nonlocal ok, err, sent
+            while time.monotonic() < deadline and sent < max_requests:
+                sent += 1
+                try:
+                    async with c.post(url + "/v1/completions", json=BODY) as r:
+                        await r.read()
+                        ok += r.status == 200
+                        err += r.status != 200
+                except Exception:
+                    err += 1
+        t = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return ok, err, time.monotonic() - t
+
+
+def decision_quantiles(text: str) -> str:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "llm_lb_router_decision_seconds":
+            b = [(s.labels["le"], s.value) for s in fam.samples if s.name.endswith("_bucket")]
+            total = b[-1][1]
+            p50 = next(le for le, v in b if v >= 0.5 * total)
+            p99 = next(le for le, v in b if v >= 0.99 * total)
+            return f"decision time: p50 <= {float(p50) * 1e6:.0f} us, p99 <= {float(p99) * 1e6:.0f} us ({total:.0f} decisions)"
+    return "decision time: no histogram"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="llm-lb-gym bench_serve", description=__doc__.splitlines()[0])
+    ap.add_argument("--routers", default="round_robin,jsq")
+    ap.add_argument("--backends", type=int, default=2)
+    ap.add_argument("--overhead-requests", type=int, default=500)
+    ap.add_argument("--rate-seconds", type=float, default=5.0)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--max-requests", type=int, default=100000)
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    import httpx
+
+    print(f"machine: {os.cpu_count()} CPUs; {args.backends} simulated backends; all on 127.0.0.1")
+    for router in args.routers.split(","):
+        url, urls, procs = start(args, router)
+        try:
+            d, r = overhead(url, urls[0], args.overhead_requests)
+            p50 = (np.percentile(r, 50) - np.percentile(d, 50)) * 1e3
+            p99 = (np.percentile(r, 99) - np.percentile(d, 99)) * 1e3
+            print(f"[{router}] direct p50 {np.percentile(d, 50) * 1e3:.3f} ms p99 {np.percentile(d, 99) * 1e3:.3f} ms; "
+                  f"via router p50 {np.percentile(r, 50) * 1e3:.3f} ms p99 {np.percentile(r, 99) * 1e3:.3f} ms; "
+                  f"overhead p50 {p50:.3f} ms, p99 {p99:.3f} ms ({args.overhead_requests} pairs)")
+            cpu0 = cpu_seconds(procs[-1].pid)
+            ok, err, dt = asyncio.run(rate(url, args.rate_seconds, args.concurrency, args.max_requests))
+            cpu = cpu_seconds(procs[-1].pid) - cpu0
+            print(f"[{router}] sustained: {ok / dt:.0f} req/s ok, {err} errors, over {dt:.1f} s at "
+                  f"concurrency {args.concurrency}; router CPU {cpu / max(ok, 1) * 1e3:.3f} ms per request "
+                  f"(= {max(ok, 1) / cpu if cpu else float('nan'):.0f} req/s per router CPU-second)")
+            print(f"[{router}] " + decision_quantiles(httpx.get(url + "/metrics").text))
+        finally:
+            for p in procs:
+                p.kill()
+            for p in procs:
+                p.wait()
+
+
+if __name__ == "__main__":
+    main()
