@@ -19,7 +19,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("prometheus_client")
 
-from llm_lb_gym.serve.config import RouterServiceConfig  # noqa: E402
+from llm_lb_gym.serve.config import RouterServiceConfig, served_routers  # noqa: E402
 from llm_lb_gym.serve.launch import ServerThread, free_port, spawn_sim_backend  # noqa: E402
 from llm_lb_gym.serve.loadgen import replay, summarize  # noqa: E402
 from llm_lb_gym.serve.protocol import BadRequest, parse_request  # noqa: E402
@@ -279,11 +279,45 @@ def test_parse_request_names_the_field():
     assert (ok.prompt_tokens, ok.max_tokens, ok.stream) == (3, 7, False)
 
 
+@pytest.mark.parametrize("name", served_routers())
+def test_every_served_router_decides_on_the_service_view(name):
+    """The view gives every served router what it reads: three backends, a request a
+    decision, each one routed to a valid backend or held (no AttributeError, no bad index)."""
+    import numpy as np
+
+    from llm_lb_gym.policies.drive import decide
+    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.serve.view import BackendView, ServiceCluster, ServiceTable
+    from llm_lb_gym.sim.latency import get_preset
+
+    lat = get_preset("llama2-7b-v100").latency
+    tb = ServiceTable()
+    views = [BackendView(i, f"http://127.0.0.1:{i + 1}", tb, block_size=16, num_blocks=1000, max_seqs=128,
+                         latency=lat, stale_s=2.0) for i in range(3)]
+    cluster = ServiceCluster(views)
+    router = make_router(name)
+    router.reset(np.random.default_rng(0), 3)
+    routed = 0
+    for k in range(6):
+        cluster.queue.append(tb.add(100 * (k + 1), 50.0, cluster.t, 1.0))
+        choice = decide(cluster, router)
+        if choice is not None:
+            rid = cluster.route(choice[1], choice[0])
+            assert rid in views[choice[1]].inflight
+            routed += 1
+    assert routed + len(cluster.queue) == 6
+    assert sum(v.num_requests for v in views) == routed
+    if not router.defers:
+        assert routed == 6
+
+
 def test_service_config_names_bad_options():
     from llm_lb_gym._validate import ConfigError
 
     with pytest.raises(ConfigError, match="allowed: round_robin"):
         RouterServiceConfig(backends=("http://127.0.0.1:1",), router="nope")
+    with pytest.raises(ConfigError, match="lookahead.*cannot run in the service.*allowed: round_robin"):
+        RouterServiceConfig(backends=("http://127.0.0.1:1",), router="lookahead")
     with pytest.raises(ConfigError, match="not an http"):
         RouterServiceConfig(backends=("127.0.0.1:1",))
     with pytest.raises(Exception, match="late_binding.*option"):

@@ -7,6 +7,23 @@ from dataclasses import dataclass, field
 from .._validate import ConfigError, check_int, check_range
 
 
+UNSERVED_ROUTERS = {
+    "lookahead": "it plans over copies of the simulated cluster, which a service does not have",
+    "prefix_affinity": "it reads the simulated prefix cache of each instance",
+    "prefix_affinity_approx": "it needs prompt block hashes, which the service does not compute yet",
+    "slo_aware": "it reads the simulated engine's token budget and iteration-time model",
+}
+"""Registered routers the service refuses, and why: they read simulator state that a router in
+front of real servers cannot observe (``view.py`` lists what it can)."""
+
+
+def served_routers() -> tuple[str, ...]:
+    """The registered routers the service can run."""
+    from ..policies.registry import ROUTERS
+
+    return tuple(r for r in ROUTERS if r not in UNSERVED_ROUTERS)
+
+
 @dataclass(frozen=True)
 class RouterServiceConfig:
     """Options of one router service process."""
@@ -47,15 +64,16 @@ class RouterServiceConfig:
     """Seed of the router's generator (random, power_of_two)."""
 
     def __post_init__(self) -> None:
-        from ..policies.registry import ROUTERS
-
         if not self.backends:
             raise ConfigError("backends: give at least one backend URL (--backend http://HOST:PORT)")
         for b in self.backends:
             if not (b.startswith("http://") or b.startswith("https://")):
                 raise ConfigError(f"backends: {b!r} is not an http(s) URL")
-        if self.router not in ROUTERS:
-            raise ConfigError(f"router={self.router!r} is unknown; allowed: {', '.join(ROUTERS)}")
+        if self.router in UNSERVED_ROUTERS:
+            raise ConfigError(f"router={self.router!r} cannot run in the service: "
+                              f"{UNSERVED_ROUTERS[self.router]}; allowed: {', '.join(served_routers())}")
+        if self.router not in served_routers():
+            raise ConfigError(f"router={self.router!r} is unknown; allowed: {', '.join(served_routers())}")
         if not self.models:
             raise ConfigError("models: give at least one model name")
         check_int("context_tokens", self.context_tokens, 2)
