@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-pytest.importorskip("fastapi")
+pytest.importorskip("starlette")
+pytest.importorskip("aiohttp")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("prometheus_client")

@@ -1,6 +1,6 @@
 """Serving: an OpenAI-compatible router service in front of real or simulated backends.
 
-Needs the ``serve`` extra (``pip install -e ".[serve]"``: FastAPI, uvicorn,
+Needs the ``serve`` extra (``pip install -e ".[serve]"``: Starlette, uvicorn,
 aiohttp, prometheus_client; httpx for the tests). Nothing here is imported by ``import llm_lb_gym``. Modules:
 ``protocol`` (request validation), ``scrape`` (backend metrics), ``view`` (the router's view of
 its backends, shaped like the simulator's cluster), ``router_app`` (the service),

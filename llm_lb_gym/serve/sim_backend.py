@@ -26,8 +26,10 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..sim._compiled import engine_class
 from ..sim.config import EngineConfig
@@ -209,7 +211,7 @@ def _chunk_bytes(kind: str, cid: str, model: str, finish: str | None, text: str)
 
 
 def create_app(cfg: SimBackendConfig = SimBackendConfig()):
-    """The FastAPI app of one simulated backend (serve it with uvicorn)."""
+    """The ASGI app of one simulated backend (serve it with uvicorn)."""
     state: dict[str, SimBackend] = {}
 
     @asynccontextmanager
@@ -220,7 +222,6 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
         yield
         task.cancel()
 
-    app = FastAPI(lifespan=lifespan, title="llm_lb_gym simulated backend")
 
     async def serve(request: Request, kind: str):
         b = state["b"]
@@ -268,26 +269,26 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
         return await serve(request, COMPLETIONS)
 
-    @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await serve(request, CHAT)
 
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "llm_lb_gym",
-                                            "max_model_len": state["b"].context_tokens}]}
+    async def models(request: Request):
+        return JSONResponse({"object": "list", "data": [{
+            "id": cfg.model, "object": "model", "owned_by": "llm_lb_gym",
+            "max_model_len": state["b"].context_tokens}]})
 
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
+    async def health(request: Request):
+        return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
-    async def metrics():
+    async def metrics(request: Request):
         return PlainTextResponse(state["b"].metrics_text(), media_type="text/plain; version=0.0.4")
 
+    app = Starlette(lifespan=lifespan, routes=[
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)])
     app.state.backend = state
     return app
