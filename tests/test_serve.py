@@ -217,6 +217,7 @@ def test_backend_killed_mid_replay_fails_over_and_comes_back(tmp_path):
         assert [x.error for x in res] == [None] * n
         text = httpx.get(r.url + "/metrics").text
         assert metric(text, "llm_lb_router_backend_down_total", backend=killed_url) >= 1
+        assert metric(text, "llm_lb_router_failovers_total", backend=killed_url) >= 1
         assert metric(text, "llm_lb_router_requests_total", outcome="ok") == n
         wait_for(lambda: not svc.views[0].up, what="the killed backend marked down")
         proc = spawn_sim_backend(port, "--time-scale", "2")
