@@ -40,6 +40,54 @@ def experiment_router_options(experiment: str, router: str) -> dict:
     return dict(opts.get(router) or {})
 
 
+def load_policy(run_dir: str, model_file: str, cfg):
+    """The trained policy of an ``experiments.train`` run directory as a router (CPU); a
+    missing or unreadable file is a ConfigError naming it."""
+    from pathlib import Path
+
+    from llm_lb_gym._validate import ConfigError
+    from llm_lb_gym.envs.cluster_env import LLMClusterEnv
+    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.serve.learned import LearnedPolicyRouter
+
+    d = Path(run_dir)
+    cfg_path, model_path = d / "resolved_config.yaml", d / model_file
+    for p in (cfg_path, model_path):
+        if not p.is_file():
+            raise ConfigError(f"--policy: {p} does not exist (give an experiments.train run directory "
+                              f"holding resolved_config.yaml and {model_file})")
+    if (d / "vecnormalize.pkl").exists():
+        raise ConfigError(f"--policy: {d} was trained with VecNormalize, which the service does not apply")
+    try:
+        from omegaconf import OmegaConf
+
+        from experiments._hydra import env_kwargs
+
+        train_cfg = OmegaConf.load(cfg_path)
+        kind = train_cfg.agent.name
+        kw = env_kwargs(train_cfg)
+        kw.pop("max_episode_steps", None)    # gym.make's TimeLimit, not the env's
+        env = LLMClusterEnv(**kw)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"--policy: {cfg_path} is not a readable train config: {exc}") from None
+    if env.m != len(cfg.backends):
+        raise ConfigError(f"--policy: the policy was trained for {env.m} instances; "
+                          f"{len(cfg.backends)} --backend given")
+    try:
+        import torch
+
+        from agents.factory import load_agent
+
+        torch.set_num_threads(1)
+        agent = load_agent(kind, str(model_path))
+    except Exception as exc:
+        raise ConfigError(f"--policy: {model_path} could not be loaded as a {kind} model: "
+                          f"{type(exc).__name__}: {exc}") from None
+    return LearnedPolicyRouter(agent, env, make_router(cfg.router, **cfg.router_options))
+
+
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llm-lb-gym serve", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -48,6 +96,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--router", default="round_robin")
     r.add_argument("-o", "--option", action="append", default=[], help="router option key=value")
     r.add_argument("--options-from", default=None, help="experiment whose eval.policy_options to use")
+    r.add_argument("--policy", default=None,
+                   help="experiments.train run directory: route with its trained policy (--router is the "
+                        "fallback while a backend is down)")
+    r.add_argument("--policy-model", default="best_model.zip", help="model file in the --policy directory")
     r.add_argument("--model", action="append", default=None, help="model name served (repeat)")
     r.add_argument("--context-tokens", type=int, default=4096)
     r.add_argument("--tokenizer", default=None, help="local HF tokenizer directory")
@@ -93,8 +145,9 @@ def build_app(args):
             tokenizer=args.tokenizer, preset=args.preset, decision_interval_s=args.decision_interval_s,
             poll_interval_s=args.poll_interval_s, num_blocks=args.num_blocks, block_size=args.block_size,
             max_seqs=args.max_seqs, max_attempts=args.max_attempts, seed=args.seed)
-        return create_app(cfg)
-    except (ConfigError, TypeError, ValueError) as exc:
+        router = load_policy(args.policy, args.policy_model, cfg) if args.policy else None
+        return create_app(cfg, router)
+    except (ConfigError, TypeError, ValueError, OSError) as exc:
         raise SystemExit(f"llm-lb-gym serve {args.what}: {exc}") from None
 
 

@@ -325,3 +325,60 @@ def test_service_config_names_bad_options():
     with pytest.raises(Exception, match="late_binding.*option"):
         router_app(RouterServiceConfig(backends=("http://127.0.0.1:1",), router="late_binding",
                                        router_options={"nope": 1}))
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory):
+    """An experiments.train-shaped run directory with a (fresh, untrained) Double-DQN for two
+    instances: what the service loads is the file format and the observation, not the skill."""
+    torch = pytest.importorskip("torch")
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from agents.factory import make_agent
+    from experiments._hydra import env_kwargs
+    from llm_lb_gym.envs.cluster_env import LLMClusterEnv
+
+    torch.set_num_threads(1)
+    with initialize_config_module("conf", version_base=None):
+        cfg = compose("train", overrides=["experiment=debug", "env.num_instances=2"])
+    d = tmp_path_factory.mktemp("policy")
+    (d / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    kw = env_kwargs(cfg)
+    kw.pop("max_episode_steps", None)
+    env = LLMClusterEnv(**kw)
+    make_agent(cfg.agent.name, env, seed=0).save(str(d / "best_model.zip"))
+    return d
+
+
+def test_a_trained_policy_routes_through_the_service(backends, policy_dir):
+    from experiments.serve import load_policy
+
+    cfg = RouterServiceConfig(backends=tuple(b.url for b in backends), router="least_requests",
+                              poll_interval_s=0.05)
+    router = load_policy(str(policy_dir), "best_model.zip", cfg)
+    assert router.m == 2 and router.active
+    with ServerThread(router_app(cfg, router)) as r:
+        res = asyncio.run(replay(r.url, [0.01 * i for i in range(6)], [30] * 6, [5] * 6, time_scale=2.0))
+        assert all(x.error is None for x in res), [x.error for x in res]
+        text = httpx.get(r.url + "/metrics").text
+    assert metric(text, "llm_lb_router_requests_total", outcome="ok") == 6
+    assert metric(text, "llm_lb_router_decision_seconds_count") >= 6
+
+
+def test_a_missing_or_corrupt_policy_file_is_a_named_error(backends, policy_dir, tmp_path):
+    import shutil
+
+    from experiments.serve import load_policy
+    from llm_lb_gym._validate import ConfigError
+
+    cfg = RouterServiceConfig(backends=tuple(b.url for b in backends))
+    with pytest.raises(ConfigError, match="resolved_config.yaml does not exist"):
+        load_policy(str(tmp_path), "best_model.zip", cfg)
+    shutil.copy(policy_dir / "resolved_config.yaml", tmp_path / "resolved_config.yaml")
+    (tmp_path / "best_model.zip").write_bytes(b"not a zip file")
+    with pytest.raises(ConfigError, match="could not be loaded as a double_dqn model"):
+        load_policy(str(tmp_path), "best_model.zip", cfg)
+    three = RouterServiceConfig(backends=tuple(b.url for b in backends) + ("http://127.0.0.1:9",))
+    with pytest.raises(ConfigError, match="trained for 2 instances; 3 --backend given"):
+        load_policy(str(policy_dir), "best_model.zip", three)

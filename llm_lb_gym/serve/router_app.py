@@ -61,10 +61,10 @@ class NoBackend(Exception):
 class RouterService:
     """The router's state: view, router, waiters, HTTP client, metrics (one event loop)."""
 
-    def __init__(self, cfg: RouterServiceConfig):
+    def __init__(self, cfg: RouterServiceConfig, router=None):
         self.cfg = cfg
         self.count = make_counter(cfg.tokenizer)
-        self.router = make_router(cfg.router, **cfg.router_options)
+        self.router = make_router(cfg.router, **cfg.router_options) if router is None else router
         self.latency = get_preset(cfg.preset).latency
         self.rng = np.random.default_rng(cfg.seed)
         self.table = ServiceTable()
@@ -72,6 +72,9 @@ class RouterService:
                                   num_blocks=cfg.num_blocks, max_seqs=cfg.max_seqs,
                                   latency=self.latency, stale_s=cfg.stale_s)
                       for i, url in enumerate(cfg.backends)]
+        self._buckets = getattr(self.router, "buckets", None)
+        if hasattr(self.router, "prepare"):
+            self.router.prepare(self.views)
         self.cluster = ServiceCluster(self.views)
         self.router.reset(self.rng, len(self.cluster.engines))
         self.waiters: dict[int, asyncio.Future] = {}
@@ -181,8 +184,10 @@ class RouterService:
             self.m_requests.labels(kind, "rejected").inc()
             return JSONResponse(exc.body(), status_code=exc.status)
         tb = self.table
+        pb, db = (0, 0) if self._buckets is None else self._buckets(req.prompt_tokens, req.max_tokens)
         rid = tb.add(req.prompt_tokens, float(req.max_tokens), self.cluster.t,
-                     1.0 / max(1e-6, self.latency.isolated_request_s(req.prompt_tokens, req.max_tokens)))
+                     1.0 / max(1e-6, self.latency.isolated_request_s(req.prompt_tokens, req.max_tokens)),
+                     pb, db)
         headers = {"content-type": "application/json"}
         if "authorization" in request.headers:
             headers["authorization"] = request.headers["authorization"]
@@ -271,9 +276,10 @@ class RouterService:
             self.m_requests.labels(kind, outcome).inc()
 
 
-def create_app(cfg: RouterServiceConfig) -> Starlette:
-    """The router service's ASGI app (serve it with uvicorn)."""
-    svc = RouterService(cfg)
+def create_app(cfg: RouterServiceConfig, router=None) -> Starlette:
+    """The router service's ASGI app (serve it with uvicorn). ``router``: a router object to
+    use instead of ``cfg.router`` (a trained policy, ``learned.LearnedPolicyRouter``)."""
+    svc = RouterService(cfg, router)
 
     @asynccontextmanager
     async def lifespan(app):

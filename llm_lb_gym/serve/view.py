@@ -46,7 +46,8 @@ class ServiceTable:
             setattr(self, c, [])
         self._free: list[int] = []
 
-    def add(self, prompt: int, pred: float, arrival_s: float, inv_ideal: float) -> int:
+    def add(self, prompt: int, pred: float, arrival_s: float, inv_ideal: float,
+            prompt_bucket: int = 0, decode_bucket: int = 0) -> int:
         if self._free:
             rid = self._free.pop()
         else:
@@ -56,7 +57,8 @@ class ServiceTable:
                 getattr(self, c).append(None)
         self.prompt[rid], self.pred[rid], self.arrival_s[rid] = prompt, pred, arrival_s
         self.o_base[rid], self.inv_ideal[rid] = 0, inv_ideal
-        self.task_id[rid] = self.prompt_bucket[rid] = self.decode_bucket[rid] = 0
+        self.task_id[rid] = 0
+        self.prompt_bucket[rid], self.decode_bucket[rid] = prompt_bucket, decode_bucket
         self.ttft_deadline_s[rid] = self.tbt_deadline_s[rid] = math.inf
         self.epoch[rid] = -1
         return rid
@@ -92,6 +94,14 @@ class BackendView:
         self._fresh_unstarted = 0    # unstarted requests sent since the last poll
         self.prefilling: list[int] = []
         self.preempted_q: list[int] = []
+        self.wait_left = 0.0          # predicted decode tokens of the unstarted requests
+        self.set_buckets(1, 1)
+
+    def set_buckets(self, num_prompt_buckets: int, num_decode_buckets: int) -> None:
+        """Size the per-bucket counts a learned policy's observation reads (``table``'s
+        ``prompt_bucket`` / ``decode_bucket``, filled by the service when the request comes)."""
+        self.prompt_counts = [0] * num_prompt_buckets    # unstarted requests per prompt bucket
+        self.decode_counts = [0] * num_decode_buckets    # started requests per decode bucket
 
     # ------------------------------------------------------------ updates
     def on_route(self, rid: int) -> None:
@@ -101,6 +111,8 @@ class BackendView:
         self.committed_tokens += tb.prompt[rid] + tb.pred[rid]
         self.pending_prefill_tokens += tb.prompt[rid]
         self._decode_left += tb.pred[rid]
+        self.wait_left += tb.pred[rid]
+        self.prompt_counts[tb.prompt_bucket[rid]] += 1
         tb.epoch[rid] = self.epoch
         self._fresh_unstarted += 1
 
@@ -108,6 +120,9 @@ class BackendView:
         tb = self.table
         del self.unstarted[rid]
         self.pending_prefill_tokens -= tb.prompt[rid]
+        self.wait_left -= tb.pred[rid]
+        self.prompt_counts[tb.prompt_bucket[rid]] -= 1
+        self.decode_counts[tb.decode_bucket[rid]] += 1
         self._started_tokens += tb.prompt[rid]
         if tb.epoch[rid] == self.epoch:
             self._fresh_unstarted -= 1
@@ -128,11 +143,12 @@ class BackendView:
         if rid in self.unstarted:
             self._start(rid)
         del self.inflight[rid]
+        self.decode_counts[tb.decode_bucket[rid]] -= 1
         self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
         self._started_tokens -= tb.prompt[rid] + tb.o_base[rid]
         self._decode_left -= max(0.0, tb.pred[rid] - tb.o_base[rid])
         if not self.inflight:   # drop accumulated rounding
-            self.committed_tokens = self._decode_left = 0.0
+            self.committed_tokens = self._decode_left = self.wait_left = 0.0
             self._started_tokens = self.pending_prefill_tokens = 0
 
     def on_poll(self, load: BackendLoad, now_s: float) -> None:
@@ -186,6 +202,18 @@ class BackendView:
     def earliest_completion_s(self) -> float:
         return 0.0   # unknown from outside the server
 
+    def cached_prefix_tokens(self, rid: int) -> int:
+        return 0     # the service computes no prompt block hashes (docs/serving.md)
+
+    def observe_into(self, out: list, kv_tokens: float) -> None:
+        """The env's per-instance features (``Engine.observe_into``): counts per bucket,
+        capacity 1 - committed / KV tokens clipped at -1, earliest completion (0: unknown)."""
+        out += self.prompt_counts
+        out += self.decode_counts
+        cap = 1.0 - self.committed_tokens / kv_tokens
+        out.append(cap if cap > -1.0 else -1.0)
+        out.append(0.0)
+
     def idle(self) -> bool:
         return not self.inflight
 
@@ -215,6 +243,11 @@ class ServiceCluster:
     @property
     def t(self) -> float:
         return time.monotonic() - self.t0
+
+    @property
+    def n_arrived(self) -> int:
+        """Every request the service knows of has arrived (a service has no episode)."""
+        return self.table.n
 
     def refresh(self) -> bool:
         """Rebuild ``engines`` from the backends up; True when membership changed (reset the

@@ -1,0 +1,78 @@
+"""A trained policy (the learned router) as the service's router, deciding on the CPU.
+
+The policy was trained on ``LLMCluster-v0`` with some env options (its run directory's
+``resolved_config.yaml``). The service rebuilds that env, for its observation builder, action
+layout and mask only (no simulation runs), and points it at the service's cluster view
+(``view.py``), so the network sees the observation it was trained on, built from the router's
+in-flight table and the polled metrics instead of the simulator's engines. Actions: ``j * m + i``
+routes candidate j to backend i, ``k * m`` defers (the request stays at the router, asked again
+next decision interval, as a holding router).
+
+What differs from training (docs/serving.md): predicted decode tokens are the request's
+``max_tokens`` (bucketed with the env's observation edges); a backend's earliest completion is
+unknown (0); requests count as "prompt phase" until their first token streams back.
+
+The network fixes the instance count. While a backend is down the service has fewer instances
+than the policy was trained for; the router then decides with ``fallback`` (the service's
+``--router``) and says so in ``active``, until every backend is back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..rollout import predict_action
+
+
+class LearnedPolicyRouter:
+    """Router protocol (``policies/base.py``) over an SB3-style agent and its env."""
+
+    name = "learned"
+    defers = True
+
+    def __init__(self, agent: Any, env: Any, fallback: Any):
+        self.agent, self.env, self.fallback = agent, env, fallback
+        self.m = env.m
+        self.k = env.k
+        self.defer_action = env.defer_action
+        ob = env.obs_builder
+        self.prompt_scheme, self.decode_scheme = ob.prompt_scheme, ob.decode_scheme
+        self.n_p, self.n_d = ob.n_p, ob.n_d
+        self.active = True
+        self.options = {"policy": type(agent).__name__, "instances": self.m}
+
+    def buckets(self, prompt_tokens: int, pred_tokens: float) -> tuple[int, int]:
+        """(prompt bucket, decode bucket) of a request under the env's observation edges."""
+        return self.prompt_scheme.bucket_of(prompt_tokens), self.decode_scheme.bucket_of(pred_tokens)
+
+    def prepare(self, views) -> None:
+        for v in views:
+            v.set_buckets(self.n_p, self.n_d)
+
+    def reset(self, rng: np.random.Generator, num_instances: int) -> None:
+        self.active = num_instances == self.m
+        if not self.active:
+            self.fallback.reset(rng, num_instances)
+
+    def select_from_queue(self, cluster) -> tuple[int, int] | None:
+        if not self.active:
+            from ..policies.drive import decide
+
+            return decide(cluster, self.fallback)
+        env = self.env
+        env.cluster = cluster          # the env reads the view as it reads its simulator
+        obs = env._observe()
+        action = predict_action(self.agent, obs, env.action_masks())
+        if action >= self.defer_action:
+            return None
+        j, inst = divmod(action, self.m)
+        cands = env.candidates
+        if j >= len(cands):
+            return None
+        return cluster.queue.index(cands[j]), inst
+
+    def select(self, cluster, rid: int) -> int | None:
+        choice = self.select_from_queue(cluster)
+        return None if choice is None or choice[0] != 0 else choice[1]
