@@ -35,6 +35,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start(args, router: str):
+    """Backends and a router process; ``router`` "learned" runs ``--policy``."""
     from llm_lb_gym.serve.launch import free_port, spawn_sim_backend, wait_healthy
 
     procs, urls = [], []
@@ -43,12 +44,18 @@ def start(args, router: str):
         procs.append(spawn_sim_backend(port, "--time-scale", "100000"))
         urls.append(f"http://127.0.0.1:{port}")
     port = free_port()
-    cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router]
+    cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port)]
+    cmd += ["--policy", args.policy] if router == "learned" else ["--router", router]
     for u in urls:
         cmd += ["--backend", u]
     procs.append(subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL))
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, 60.0, procs[-1])
+    try:
+        wait_healthy(url, 120.0, procs[-1])
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
     return url, urls, procs
 
 
@@ -115,11 +122,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rate-seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-requests", type=int, default=100000)
+    ap.add_argument("--policy", default=None, help="experiments.train run dir (for --backends "
+                    "instances): adds a 'learned' router row")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import httpx
 
     print(f"machine: {os.cpu_count()} CPUs; {args.backends} simulated backends; all on 127.0.0.1")
-    for router in args.routers.split(","):
+    routers = args.routers.split(",") + (["learned"] if args.policy else [])
+    for router in routers:
         url, urls, procs = start(args, router)
         try:
             d, r = overhead(url, urls[0], args.overhead_requests)
