@@ -34,6 +34,22 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def in_process(args, router: str) -> str:
+    from llm_lb_gym.policies.registry import make_router
+
+    if router == "learned":
+        from experiments.serve import load_policy
+        from llm_lb_gym.serve.config import RouterServiceConfig
+
+        backends = tuple(f"http://127.0.0.1:{i + 1}" for i in range(args.backends))
+        obj = load_policy(args.policy, "best_model.zip", RouterServiceConfig(backends=backends))
+    else:
+        obj = make_router(router)
+    t = decision_times(obj, args.backends, args.decisions) * 1e3
+    return (f"in-process decision time over {args.decisions}: p50 {np.percentile(t, 50):.3f} ms, "
+            f"p99 {np.percentile(t, 99):.3f} ms, mean {t.mean():.3f} ms")
+
+
 def start(args, router: str):
     """Backends and a router process; ``router`` "learned" runs ``--policy``."""
     from llm_lb_gym.serve.launch import free_port, spawn_sim_backend, wait_healthy
@@ -114,6 +130,40 @@ def decision_quantiles(text: str) -> str:
     return "decision time: no histogram"
 
 
+def decision_times(router, m: int, n: int) -> np.ndarray:
+    """Seconds per decision of ``router`` in this process, on a service view of ``m`` backends
+    fed ``n`` requests of varied sizes (a third of the in-flight ones end after each)."""
+    from llm_lb_gym.policies.drive import decide
+    from llm_lb_gym.serve.view import BackendView, ServiceCluster, ServiceTable
+    from llm_lb_gym.sim.latency import get_preset
+
+    lat = get_preset("llama2-7b-v100").latency
+    tb = ServiceTable()
+    views = [BackendView(i, f"http://127.0.0.1:{i + 1}", tb, block_size=16, num_blocks=1887, max_seqs=128,
+                         latency=lat, stale_s=2.0) for i in range(m)]
+    if hasattr(router, "prepare"):
+        router.prepare(views)
+    cluster = ServiceCluster(views)
+    router.reset(np.random.default_rng(0), m)
+    buckets = getattr(router, "buckets", lambda p, d: (0, 0))
+    out = np.empty(n)
+    for k in range(n):
+        p, d = 50 + (k * 37) % 900, 20 + (k * 53) % 400
+        cluster.queue.append(tb.add(p, float(d), cluster.t, 1.0 / lat.isolated_request_s(p, d), *buckets(p, d)))
+        t = time.perf_counter()
+        choice = decide(cluster, router)
+        out[k] = time.perf_counter() - t
+        if choice is not None:
+            cluster.route(choice[1], choice[0])
+        if k % 3 == 2:
+            for v in views:
+                if v.inflight:
+                    rid = next(iter(v.inflight))
+                    v.on_end(rid)
+                    tb.free(rid)
+    return out
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="llm-lb-gym bench_serve", description=__doc__.splitlines()[0])
     ap.add_argument("--routers", default="round_robin,jsq")
@@ -122,12 +172,14 @@ def main(argv=None) -> None:
     ap.add_argument("--rate-seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-requests", type=int, default=100000)
+    ap.add_argument("--decisions", type=int, default=2000, help="in-process decision-time samples")
     ap.add_argument("--policy", default=None, help="experiments.train run dir (for --backends "
                     "instances): adds a 'learned' router row")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     import httpx
 
-    print(f"machine: {os.cpu_count()} CPUs; {args.backends} simulated backends; all on 127.0.0.1")
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+          f"{args.backends} simulated backends; all on 127.0.0.1")
     routers = args.routers.split(",") + (["learned"] if args.policy else [])
     for router in routers:
         url, urls, procs = start(args, router)
@@ -145,6 +197,7 @@ def main(argv=None) -> None:
                   f"concurrency {args.concurrency}; router CPU {cpu / max(ok, 1) * 1e3:.3f} ms per request "
                   f"(= {max(ok, 1) / cpu if cpu else float('nan'):.0f} req/s per router CPU-second)")
             print(f"[{router}] " + decision_quantiles(httpx.get(url + "/metrics").text))
+            print(f"[{router}] " + in_process(args, router))
         finally:
             for p in procs:
                 p.kill()

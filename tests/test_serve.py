@@ -366,6 +366,24 @@ def test_a_trained_policy_routes_through_the_service(backends, policy_dir):
     assert metric(text, "llm_lb_router_decision_seconds_count") >= 6
 
 
+def test_the_q_network_fast_path_equals_the_agents_predict(policy_dir):
+    import numpy as np
+
+    from experiments.serve import load_policy
+    from llm_lb_gym.rollout import predict_action
+
+    cfg = RouterServiceConfig(backends=("http://127.0.0.1:1", "http://127.0.0.1:2"))
+    router = load_policy(str(policy_dir), "best_model.zip", cfg)
+    assert router._q_net is not None
+    rng = np.random.default_rng(0)
+    shape = router.env.observation_space.shape
+    for _ in range(200):
+        obs = rng.uniform(-1, 2, shape).astype(np.float32)
+        mask = rng.random(router.defer_action + 1) < 0.7
+        mask[rng.integers(len(mask))] = True
+        assert router.act(obs, mask) == predict_action(router.agent, obs, mask)
+
+
 def test_a_missing_or_corrupt_policy_file_is_a_named_error(backends, policy_dir, tmp_path):
     import shutil
 

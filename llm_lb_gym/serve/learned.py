@@ -42,6 +42,22 @@ class LearnedPolicyRouter:
         self.n_p, self.n_d = ob.n_p, ob.n_d
         self.active = True
         self.options = {"policy": type(agent).__name__, "instances": self.m}
+        # DQN-family agents with a flat observation: the Q-network directly, masked argmax,
+        # which is what their predict computes, at a third of its cost (SB3's predict converts
+        # and checks the observation each call; measured p50 0.17 vs 0.05 ms, p99 4.4 vs 0.2 ms).
+        # Tests check the two agree.
+        q_net = getattr(agent, "q_net", None)
+        self._q_net = q_net if q_net is not None and not env.obs_cfg.as_dict else None
+
+    def act(self, obs, mask: np.ndarray) -> int:
+        """The agent's deterministic action for one observation under the action mask."""
+        if self._q_net is None:
+            return predict_action(self.agent, obs, mask)
+        import torch
+
+        with torch.no_grad():
+            q = self._q_net(torch.as_tensor(obs, dtype=torch.float32)[None])[0].numpy()
+        return int(np.where(mask, q, -np.inf).argmax())
 
     def buckets(self, prompt_tokens: int, pred_tokens: float) -> tuple[int, int]:
         """(prompt bucket, decode bucket) of a request under the env's observation edges."""
@@ -64,7 +80,7 @@ class LearnedPolicyRouter:
         env = self.env
         env.cluster = cluster          # the env reads the view as it reads its simulator
         obs = env._observe()
-        action = predict_action(self.agent, obs, env.action_masks())
+        action = self.act(obs, env.action_masks())
         if action >= self.defer_action:
             return None
         j, inst = divmod(action, self.m)
