@@ -106,6 +106,7 @@ def test_bad_input_gets_a_4xx_with_the_reason(backends):
             assert reason in resp.json()["error"]["message"]
         resp = httpx.post(r.url + "/v1/chat/completions", json={"model": MODEL, "messages": []}, timeout=10)
         assert resp.status_code == 400 and "messages" in resp.json()["error"]["message"]
+        assert httpx.get(r.url + "/v1/completions", timeout=10).status_code == 405
         text = httpx.get(r.url + "/metrics").text
         assert metric(text, "llm_lb_router_requests_total", outcome="rejected") == 7
         assert httpx.get(backends[0].url + "/metrics").text.count("sim_backend_requests_total 0") == 1

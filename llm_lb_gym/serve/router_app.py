@@ -245,14 +245,17 @@ class RouterService:
                 self.m_requests.labels(kind, "backend_status").inc()
                 return Response(body, status_code=resp.status,
                                 media_type=resp.headers.get("content-type", "application/json"))
-            return StreamingResponse(self._relay(resp, view, rid, kind), media_type="text/event-stream")
+            relay = _Relay(self, resp, view, rid, kind)
+            response = StreamingResponse(self._stream(relay), media_type="text/event-stream")
+            response.relay = relay
+            return response
         self.m_requests.labels(kind, "upstream_error").inc()
         self.table.free(rid)
         return JSONResponse(error_body(f"every attempt failed ({self.cfg.max_attempts}); last: "
                                        f"{last_error}", "upstream_error"), status_code=502)
 
-    async def _relay(self, resp: aiohttp.ClientResponse, view: BackendView, rid: int, kind: str):
-        outcome = "cancelled"
+    async def _stream(self, relay: "_Relay"):
+        resp, view, rid = relay.resp, relay.view, relay.rid
         try:
             try:
                 async for chunk in resp.content.iter_any():
@@ -260,20 +263,53 @@ class RouterService:
                     if n:
                         view.on_tokens(rid, n)
                     yield chunk
-                outcome = "ok"
+                relay.outcome = "ok"
             except _UPSTREAM_ERRORS as exc:
-                outcome = "upstream_error"
+                relay.outcome = "upstream_error"
                 self.mark_down(view)
                 msg = f"backend {view.url} failed mid-stream ({type(exc).__name__}); the reply is incomplete"
                 yield b"data: " + json.dumps(error_body(msg, "upstream_error")).encode() + b"\n\n"
         finally:
-            if outcome == "ok":
-                resp.release()     # read to the end: the connection goes back to the pool
-            else:
-                resp.close()       # drop the connection: the backend sees the client go
-            self.finish(view, rid)
-            self.table.free(rid)
-            self.m_requests.labels(kind, outcome).inc()
+            relay.close()
+
+
+class _Relay:
+    """The end of one streamed request, run exactly once: by the relay generator, or by the
+    endpoint when the generator never started (the client left before the first byte)."""
+
+    def __init__(self, svc: RouterService, resp, view: BackendView, rid: int, kind: str):
+        self.svc, self.resp, self.view, self.rid, self.kind = svc, resp, view, rid, kind
+        self.outcome = "cancelled"
+        self.closed = False
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.outcome == "ok":
+            self.resp.release()     # read to the end: the connection goes back to the pool
+        else:
+            self.resp.close()       # drop the connection: the backend sees the client go
+        self.svc.finish(self.view, self.rid)
+        self.svc.table.free(self.rid)
+        self.svc.m_requests.labels(self.kind, self.outcome).inc()
+
+
+class _Endpoint:
+    """An OpenAI endpoint as a raw ASGI app, so that a streamed reply whose generator never
+    started (client gone before the first byte) is still closed and counted."""
+
+    def __init__(self, svc: RouterService, kind: str, path: str):
+        self.svc, self.kind, self.path = svc, kind, path
+
+    async def __call__(self, scope, receive, send) -> None:
+        response = await self.svc.handle(Request(scope, receive), self.kind, self.path)
+        try:
+            await response(scope, receive, send)
+        finally:
+            relay = getattr(response, "relay", None)
+            if relay is not None:
+                relay.close()
 
 
 def create_app(cfg: RouterServiceConfig, router=None) -> Starlette:
@@ -292,12 +328,6 @@ def create_app(cfg: RouterServiceConfig, router=None) -> Starlette:
         await svc.client.close()
 
 
-    async def completions(request: Request):
-        return await svc.handle(request, COMPLETIONS, "/v1/completions")
-
-    async def chat(request: Request):
-        return await svc.handle(request, CHAT, "/v1/chat/completions")
-
     async def models(request: Request):
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "owned_by": "llm_lb_gym", "max_model_len": cfg.context_tokens}
@@ -313,8 +343,8 @@ def create_app(cfg: RouterServiceConfig, router=None) -> Starlette:
         return Response(generate_latest(svc.registry), media_type="text/plain; version=0.0.4")
 
     app = Starlette(lifespan=lifespan, routes=[
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", _Endpoint(svc, COMPLETIONS, "/v1/completions"), methods=["POST"]),
+        Route("/v1/chat/completions", _Endpoint(svc, CHAT, "/v1/chat/completions"), methods=["POST"]),
         Route("/v1/models", models), Route("/health", health), Route("/metrics", metrics)])
     app.state.service = svc
     return app
