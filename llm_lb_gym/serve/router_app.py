@@ -20,10 +20,10 @@ vLLM or llama.cpp server.
 Why Starlette + uvicorn + aiohttp: Starlette is FastAPI's core (vLLM's OpenAI server is FastAPI
 on uvicorn), and uvicorn with uvloop and httptools is among the fastest Python ASGI servers;
 FastAPI's own layer (request models, dependency injection, its middlewares) took about half of
-the router's CPU per request in a py-spy profile and gives a proxy nothing it needs. The upstream client is aiohttp's, not httpx's: measured
-on this 2-core machine against one simulated backend, httpx's async client managed ~230 req/s
-at 8 connections and ~90 at 64, aiohttp's ~1,100 and ~1,000 (docs/serving.md). Handlers read
-the raw body (no pydantic model of the request) to keep the router's cost per request small.
+the router's CPU per request in a py-spy profile and gives a proxy nothing it needs. The
+upstream client is aiohttp's, not httpx's: on this 2-core machine against one simulated
+backend, httpx's async client managed ~230 req/s at 8 connections and ~90 at 64, aiohttp's
+~1,100 and ~1,000 (docs/serving.md). Handlers read the raw body (no request model).
 """
 
 from __future__ import annotations
@@ -238,7 +238,8 @@ class RouterService:
                 try:
                     body = await resp.read()
                 except _UPSTREAM_ERRORS:
-                    body = json.dumps(error_body(f"backend {view.url} answered {resp.status}", "upstream_error")).encode()
+                    msg = f"backend {view.url} answered {resp.status}"
+                    body = json.dumps(error_body(msg, "upstream_error")).encode()
                 resp.release()
                 self.finish(view, rid)
                 self.table.free(rid)
