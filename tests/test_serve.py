@@ -431,3 +431,14 @@ def test_loadgen_command_writes_its_table(backends, tmp_path):
     with open(tmp_path / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 6 and all(row["error"] == "" and row["status"] == "200" for row in rows)
+
+
+def test_simulated_backend_takes_a_fresh_engine_when_its_table_is_full():
+    with ServerThread(sim_app(SimBackendConfig(time_scale=50.0, table_capacity=16))) as b:
+        with httpx.Client(base_url=b.url, timeout=20) as c:
+            for _ in range(40):
+                resp = c.post("/v1/completions", json={"model": MODEL, "prompt": "a b", "max_tokens": 2})
+                assert resp.status_code == 200, resp.text
+            text = c.get("/metrics").text
+    assert metric(text, "sim_backend_requests_total") == 40
+    assert metric(text, "vllm:num_requests_running") == 0
