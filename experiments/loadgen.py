@@ -30,6 +30,8 @@ COLUMNS = (("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50 E2E (s)"), ("p99_e
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llm-lb-gym loadgen", description=__doc__.splitlines()[0])
     ap.add_argument("--url", default=None, help="replay against this running service instead")
+    ap.add_argument("--allow-remote", action="store_true",
+                    help="let --url name a host other than 127.0.0.1 / localhost")
     ap.add_argument("--routers", default="round_robin,jsq")
     ap.add_argument("-o", "--option", action="append", default=[],
                     help="router option ROUTER.key=value (repeat)")
@@ -92,7 +94,8 @@ def serve_stack(args, router: str, options: dict):
     try:
         for _ in range(args.sim_backends):
             port = free_port()
-            procs.append(spawn_sim_backend(port, "--time-scale", str(args.time_scale), "--preset", args.preset))
+            procs.append(spawn_sim_backend(port, "--time-scale", str(args.time_scale),
+                                           "--preset", args.preset))
             urls.append(f"http://127.0.0.1:{port}")
         port = free_port()
         cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router,
@@ -121,7 +124,14 @@ def stop(procs) -> None:
 
 def main(argv=None) -> None:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from urllib.parse import urlparse
+
     from llm_lb_gym.serve.loadgen import replay, summarize
+
+    local = ("127.0.0.1", "localhost", "::1")
+    if args.url and not args.allow_remote and urlparse(args.url).hostname not in local:
+        raise SystemExit(f"loadgen: --url {args.url} is not on this machine; load tests go to 127.0.0.1 "
+                         f"or localhost unless --allow-remote is given")
 
     batch = workload_batch(args)
     routers = [r for r in args.routers.split(",") if r]
@@ -147,7 +157,8 @@ def main(argv=None) -> None:
         summary[router] = summarize(res)
         rows += [dict(router=router, **r.__dict__) for r in res]
         if args.url is None:
-            summary[router + " (sim)"] = simulate(batch, router, opts, args.sim_backends, args.preset, args.seed)
+            summary[router + " (sim)"] = simulate(batch, router, opts, args.sim_backends, args.preset,
+                                                  args.seed)
         print(f"{router}: {summary[router]['errors']:.0f} errors of {len(res)}", file=sys.stderr)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -164,9 +175,11 @@ def main(argv=None) -> None:
             sb = summary[routers[0] + " (sim)"]
             change = f"{100 * (s['mean_e2e_s'] - sb['mean_e2e_s']) / sb['mean_e2e_s']:+.2f}%"
         errs = s.get("errors", s.get("rejected", 0))
-        lines.append(f"| {name} | " + " | ".join(f"{s[k]:.3f}" for k, _ in COLUMNS) + f" | {errs:.0f} | {change} |")
+        cells = " | ".join(f"{s[k]:.3f}" for k, _ in COLUMNS)
+        lines.append(f"| {name} | {cells} | {errs:.0f} | {change} |")
     text = (f"{args.requests} requests of {args.workload} {args.workload_option}, seed {args.seed}, "
-            f"{args.sim_backends} x {args.preset}, time scale {args.time_scale}\n\n" + "\n".join(lines) + "\n")
+            f"{args.sim_backends} x {args.preset}, time scale {args.time_scale}\n\n"
+            + "\n".join(lines) + "\n")
     (out / "summary.md").write_text(text)
     print(text)
 

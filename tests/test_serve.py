@@ -431,6 +431,8 @@ def test_loadgen_command_writes_its_table(backends, tmp_path):
     with open(tmp_path / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 6 and all(row["error"] == "" and row["status"] == "200" for row in rows)
+    with pytest.raises(SystemExit, match="not on this machine"):
+        loadgen.main(["--url", "http://example.com:8000", "--requests", "1", "--out", str(tmp_path)])
 
 
 def test_simulated_backend_takes_a_fresh_engine_when_its_table_is_full():
