@@ -126,7 +126,8 @@ def decision_quantiles(text: str) -> str:
             total = b[-1][1]
             p50 = next(le for le, v in b if v >= 0.5 * total)
             p99 = next(le for le, v in b if v >= 0.99 * total)
-            return f"decision time: p50 <= {float(p50) * 1e6:.0f} us, p99 <= {float(p99) * 1e6:.0f} us ({total:.0f} decisions)"
+            return (f"decision time: p50 <= {float(p50) * 1e6:.0f} us, p99 <= {float(p99) * 1e6:.0f} us "
+                    f"({total:.0f} decisions)")
     return "decision time: no histogram"
 
 
@@ -149,7 +150,8 @@ def decision_times(router, m: int, n: int) -> np.ndarray:
     out = np.empty(n)
     for k in range(n):
         p, d = 50 + (k * 37) % 900, 20 + (k * 53) % 400
-        cluster.queue.append(tb.add(p, float(d), cluster.t, 1.0 / lat.isolated_request_s(p, d), *buckets(p, d)))
+        inv = 1.0 / lat.isolated_request_s(p, d)
+        cluster.queue.append(tb.add(p, float(d), cluster.t, inv, *buckets(p, d)))
         t = time.perf_counter()
         choice = decide(cluster, router)
         out[k] = time.perf_counter() - t
@@ -187,8 +189,9 @@ def main(argv=None) -> None:
             d, r = overhead(url, urls[0], args.overhead_requests)
             p50 = (np.percentile(r, 50) - np.percentile(d, 50)) * 1e3
             p99 = (np.percentile(r, 99) - np.percentile(d, 99)) * 1e3
-            print(f"[{router}] direct p50 {np.percentile(d, 50) * 1e3:.3f} ms p99 {np.percentile(d, 99) * 1e3:.3f} ms; "
-                  f"via router p50 {np.percentile(r, 50) * 1e3:.3f} ms p99 {np.percentile(r, 99) * 1e3:.3f} ms; "
+            dq, rq = np.percentile(d, [50, 99]) * 1e3, np.percentile(r, [50, 99]) * 1e3
+            print(f"[{router}] direct p50 {dq[0]:.3f} ms p99 {dq[1]:.3f} ms; "
+                  f"via router p50 {rq[0]:.3f} ms p99 {rq[1]:.3f} ms; "
                   f"overhead p50 {p50:.3f} ms, p99 {p99:.3f} ms ({args.overhead_requests} pairs)")
             cpu0 = cpu_seconds(procs[-1].pid)
             ok, err, dt = asyncio.run(rate(url, args.rate_seconds, args.concurrency, args.max_requests))

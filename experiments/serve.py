@@ -3,7 +3,7 @@
     llm-lb-gym serve sim --port 8001 --time-scale 1 --preset llama2-7b-v100
     llm-lb-gym serve router --port 8000 --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \\
         --router late_binding -o period_s=0.1 -o reserve=prompt
-    llm-lb-gym serve router ... --router late_binding --options-from paper_v100   # the experiment's tuned options
+    llm-lb-gym serve router ... --router late_binding --options-from paper_v100   # tuned options
 
 Router options: ``-o key=value`` (values read as YAML: numbers, true/false, null), or
 ``--options-from EXPERIMENT``, which composes ``conf/evaluate.yaml`` with

@@ -269,8 +269,10 @@ def test_scrape_reads_vllm_and_llamacpp_names():
             'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
             'vllm:cache_config_info{block_size="16",num_gpu_blocks="900"} 1.0\n')
     load = parse_metrics(vllm)
-    assert (load.running, load.waiting, load.kv_usage, load.num_blocks, load.block_size) == (3, 2, 0.25, 900, 16)
-    lcpp = "# HELP x\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 4\nllamacpp:kv_cache_usage_ratio 0.5\n"
+    got = (load.running, load.waiting, load.kv_usage, load.num_blocks, load.block_size)
+    assert got == (3, 2, 0.25, 900, 16)
+    lcpp = ("# HELP x\nllamacpp:requests_processing 1\nllamacpp:requests_deferred 4\n"
+            "llamacpp:kv_cache_usage_ratio 0.5\n")
     load = parse_metrics(lcpp)
     assert (load.running, load.waiting, load.kv_usage, load.num_blocks) == (1, 4, 0.5, None)
 

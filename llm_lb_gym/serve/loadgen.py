@@ -113,7 +113,8 @@ async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str =
     url = url.rstrip("/")
     sem = asyncio.Semaphore(max_concurrency)
     connector = aiohttp.TCPConnector(limit=max_concurrency)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as client:
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         t0 = time.monotonic() + 0.05
         tasks = [_one(client, url, model, i, float(a), int(p), int(d), t0, time_scale, sem, stream, chat)
                  for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, max_tokens))]

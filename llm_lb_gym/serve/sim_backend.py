@@ -80,8 +80,8 @@ class SimBackend:
 
     def __init__(self, cfg: SimBackendConfig):
         self.cfg = cfg
-        self.context_tokens = min(cfg.engine.context_len,
-                                  (cfg.engine.total_blocks - cfg.engine.watermark_blocks) * cfg.engine.block_size)
+        e = cfg.engine
+        self.context_tokens = min(e.context_len, (e.total_blocks - e.watermark_blocks) * e.block_size)
         self._new_engine()
         self.t0 = time.monotonic()
         self.live: dict[int, _Live] = {}
