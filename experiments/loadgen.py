@@ -32,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--url", default=None, help="replay against this running service instead")
     ap.add_argument("--allow-remote", action="store_true",
                     help="let --url name a host other than 127.0.0.1 / localhost")
+    ap.add_argument("--model", default="sim-model", help="model name sent in each request")
     ap.add_argument("--routers", default="round_robin,jsq")
     ap.add_argument("-o", "--option", action="append", default=[],
                     help="router option ROUTER.key=value (repeat)")
@@ -150,7 +151,8 @@ def main(argv=None) -> None:
             url, procs = serve_stack(args, router, opts)
         try:
             res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens,
-                                     time_scale=args.time_scale, max_concurrency=args.max_concurrency,
+                                     model=args.model, time_scale=args.time_scale,
+                                     max_concurrency=args.max_concurrency,
                                      stream=not args.no_stream))
         finally:
             stop(procs)
