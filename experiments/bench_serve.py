@@ -178,6 +178,9 @@ def main(argv=None) -> None:
     ap.add_argument("--policy", default=None, help="experiments.train run dir (for --backends "
                     "instances): adds a 'learned' router row")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from llm_lb_gym.extras import require
+
+    require("serve", "llm-lb-gym bench_serve")
     import httpx
 
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "

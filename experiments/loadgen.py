@@ -125,6 +125,9 @@ def stop(procs) -> None:
 
 def main(argv=None) -> None:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from llm_lb_gym.extras import require
+
+    require("serve", "llm-lb-gym loadgen")
     from urllib.parse import urlparse
 
     from llm_lb_gym.serve.loadgen import replay, summarize

@@ -153,6 +153,9 @@ def build_app(args):
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from llm_lb_gym.extras import require
+
+    require("serve", "llm-lb-gym serve")
     app = build_app(args)
     import uvicorn
 

