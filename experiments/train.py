@@ -143,20 +143,14 @@ def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.rollout import make_env_router
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
 
     env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}).unwrapped
     router = make_env_router("round_robin", env)
-    env.reset(seed=seed)
-    router.reset(np.random.default_rng([seed, 7]), env.m)
-    from llm_lb_gym.policies.drive import decide
-
+    start_episode(env, router, seed)
     rewards, discounts = [], []
     while True:
-        c = env.cluster
-        choice = decide(c, router) if c.queue else None
-        _, r, term, trunc, info = (env.route_step(env.m) if choice is None
-                                   else env.route_step(choice[1], choice[0]))
+        _, r, term, trunc, info = take_choice(env, router_choice(env, router))
         rewards.append(r)
         discounts.append(info["discount"])
         if term or trunc:

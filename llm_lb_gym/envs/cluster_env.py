@@ -13,8 +13,8 @@ import numpy as np
 from gymnasium import spaces
 
 from .._validate import check_choice, reject_unexpected_keywords
-from ..limits import grid_index_at_or_after
 from ..policies.drive import decide
+from ..sim.clock import fast_forward, next_decision_index
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics, prefix_cache_metrics
@@ -266,13 +266,10 @@ class LLMClusterEnv(gym.Env):
             ttft_dl, tbt_dl = request_deadlines(self.cfg.slo, self.speeds.fastest_latency,
                                                 batch.prompt_tokens, batch.decode_tokens,
                                                 batch.task_id, batch.task_names)
-        table = RequestTable(
-            batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred.tokens, batch.task_id,
-            prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
-            decode_bucket=ob.decode_scheme.bucket(pred.tokens),
-            inv_ideal_s=1.0 / ideal, prefix_hashes=batch.prefix_hashes,
-            hash_block_tokens=batch.hash_block_tokens, ttft_deadline_s=ttft_dl,
-            tbt_deadline_s=tbt_dl, count_slo=self._slo_reward)
+        table = RequestTable.from_batch(
+            batch, pred.tokens, prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
+            decode_bucket=ob.decode_scheme.bucket(pred.tokens), inv_ideal_s=1.0 / ideal,
+            ttft_deadline_s=ttft_dl, tbt_deadline_s=tbt_dl, count_slo=self._slo_reward)
         self.pred_bucket = pred.bucket
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
                                num_decode_buckets=ob.n_d, check=self.cfg.check_invariants,
@@ -489,13 +486,11 @@ class LLMClusterEnv(gym.Env):
                 if c.all_arrived:
                     if c.done:
                         break
-                else:
-                    nxt = c.next_arrival_s
-                    if all(e.idle() for e in c.engines):
-                        k = max(self._k, math.ceil(nxt / self._dt) - 1)
-                        if k > self._k:
-                            self._k = k
-                            c.advance_to(k * self._dt)
+                elif all(e.idle() for e in c.engines):
+                    k = next_decision_index(c, self._k, self._dt) - 1
+                    if k > self._k:
+                        self._k = k
+                        c.advance_to(k * self._dt)
                 p, n, nm = self._tick()
                 w = g ** (self._k - k_start - 1)
                 pen += w * p
@@ -505,24 +500,15 @@ class LLMClusterEnv(gym.Env):
             return pen, comp, count, met
         dt = self._dt
         while not c.queue:
-            w0 = g ** (self._k - k_start)
-            if c.all_arrived:
-                if not c.done:
-                    p, self._k, n, nw, mw = c.run_grid(self._k, dt, None, w0, g)
-                    pen += p
-                    comp += nw
-                    met += mw
-                    count += n
-                    self._finished_seen += n
-                break
-            nxt = c.next_arrival_s
-            k1 = grid_index_at_or_after(nxt, dt, self._k + 1)
-            p, self._k, n, nw, mw = c.run_grid(self._k, dt, k1, w0, g)
+            last = c.all_arrived        # after the last arrival: one drain, then the episode ends
+            p, self._k, n, nw, mw = fast_forward(c, self._k, dt, g ** (self._k - k_start), g)
             pen += p
             comp += nw
             met += mw
             count += n
             self._finished_seen += n
+            if last:
+                break
         if self._slo_reward:
             self._met_seen = c.n_slo_met   # run_grid weighs them; _tick counts from here
         else:

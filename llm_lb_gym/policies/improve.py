@@ -53,13 +53,12 @@ import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
 from ..sim.request import RequestTable, Status
+from ..sim.clock import decide_on_grid, drain, grid_index_of  # noqa: F401 (drain: lookahead re-exports it)
 from .drive import decide
 
 _REJECTED = int(Status.REJECTED)
 _DONE = (Status.FINISHED, Status.REJECTED)
 SCORES = ("window", "drain")
-GRID_SLACK = 1e-9
-"""Decision times are k * interval; a cluster time meant to be a grid point may sit a few ulps off."""
 
 
 @dataclass(frozen=True)
@@ -136,70 +135,40 @@ def copy_cluster(cluster):
 
 
 # --------------------------------------------------------------------------- rollouts
-def route_while_base_agrees(cluster, base) -> None:
-    """``drive.decide`` in a loop without its checks (a registered router's choices are valid):
-    rollouts make hundreds of these calls per decision."""
-    queue = cluster.queue
+def base_route_all(base):
+    """The clock's ``route_all`` for a registered router: ``drive.decide`` in a loop without
+    its checks (a registered router's choices are valid); rollouts make hundreds of these calls
+    per decision, so the calling convention is looked up once."""
     pick = getattr(base, "select_from_queue", None)
     if pick is None:
         select = base.select
-        while queue:
-            inst = select(cluster, queue[0])
-            if inst is None:
-                return
-            cluster.route(inst)
+
+        def route_all(cluster) -> None:
+            queue = cluster.queue
+            while queue:
+                inst = select(cluster, queue[0])
+                if inst is None:
+                    return
+                cluster.route(inst)
     else:
-        while queue:
-            choice = pick(cluster)
-            if choice is None:
-                return
-            cluster.route(choice[1], choice[0])
+        def route_all(cluster) -> None:
+            queue = cluster.queue
+            while queue:
+                choice = pick(cluster)
+                if choice is None:
+                    return
+                cluster.route(choice[1], choice[0])
+    return route_all
 
 
-def rollout(cluster, base, k: int, dt: float, t_end: float) -> int:
-    """Run ``cluster`` to ``t_end`` with ``base`` deciding at grid points ``k, k+1, ...``
-    (``k * dt`` at or before ``cluster.t`` means: decide now), as ``drive.run_router`` does.
-    Returns the first grid point left undecided."""
-    queue = cluster.queue
-    while True:
-        t = k * dt
-        if t >= t_end:
-            break
-        if t > cluster.t:
-            cluster.advance_to(t)
-        route_while_base_agrees(cluster, base)
-        if queue:
-            k += 1
-            continue
-        nxt = cluster.next_arrival_s
-        if nxt >= t_end:
-            k += 1
-            break
-        k1 = max(k + 1, math.ceil(nxt / dt))
-        while k1 * dt < nxt:            # the env's rounding of "first grid point at or after"
-            k1 += 1
-        while k1 - 1 > k and (k1 - 1) * dt >= nxt:
-            k1 -= 1
-        k = k1
+def rollout(cluster, route_all, k: int, dt: float, t_end: float) -> int:
+    """Run ``cluster`` to ``t_end`` with ``route_all`` (:func:`base_route_all`) deciding at grid
+    points ``k, k+1, ...`` (``k * dt`` at or before ``cluster.t`` means: decide now) on the
+    decision clock (``sim.clock``). Returns the first grid point left undecided."""
+    k = decide_on_grid(cluster, route_all, k, dt, t_end)
     if cluster.t < t_end:
         cluster.advance_to(t_end)
     return k
-
-
-def drain(cluster, base, k: int, dt: float) -> None:
-    """No more arrivals: route what waits in the router queue with ``base`` at grid points
-    ``k, k+1, ...``, then run every instance until it is idle."""
-    if cluster._next < cluster.table.n:
-        cluster.table.arrival_s[cluster._next] = math.inf    # arrivals are taken in id order
-    queue = cluster.queue
-    while queue:
-        t = k * dt
-        if t > cluster.t:
-            cluster.advance_to(t)
-        route_while_base_agrees(cluster, base)
-        k += 1
-    for e in cluster.engines:
-        e.advance_to(math.inf)
 
 
 def in_system_integral(table, lo: int, hi: int, t0: float, t1: float) -> float:
@@ -282,12 +251,13 @@ class RolloutImprovement:
         lo = self.first_unfinished(cluster)
         t, dt = cluster.t, o.decision_interval_s
         t_end = t + o.horizon_s
-        k0 = math.floor(t / dt + GRID_SLACK)
+        k0 = grid_index_of(t, dt)
         if base_seed is None:
             base_seed = int(rng.integers(2**63))
         drain_to_end = o.score == "drain"
         out = np.empty((o.samples, len(candidates)))
         base = self.base
+        route_all = base_route_all(base)
         m = len(cluster.engines)
         u = None
         for s in range(o.samples):
@@ -307,10 +277,10 @@ class RolloutImprovement:
                     c.route(cand[1], cand[0])
                     k = k0
                 base.reset(np.random.default_rng(base_seed), m)
-                k = rollout(c, base, k, dt, t_end)
+                k = rollout(c, route_all, k, dt, t_end)
                 hi = c._next
                 if drain_to_end:
-                    drain(c, base, k, dt)
+                    drain(c, route_all, k, dt)
                 out[s, j] = in_system_integral(c.table, lo, hi, t, math.inf if drain_to_end else t_end)
         self.rollouts += o.samples * len(candidates)
         return out
