@@ -79,7 +79,8 @@ def decide_on_grid(cluster: Cluster, route_all: RouteAll, k: int, dt: float,
     """Walk the grid from point ``k`` (a point at or before ``cluster.t`` means: decide now)
     with ``route_all`` deciding, until the point ``t_end`` is reached or, with an empty router
     queue, the next arrival lies at or after ``t_end`` (``inf``: every request has arrived).
-    Returns the first grid point left undecided. The instances are not drained (:func:`drain`,
+    Returns the first grid point left undecided. The cluster must have taken the arrivals up
+    to ``cluster.t`` (a fresh one: ``advance_to(0.0)`` first). The instances are not drained (:func:`drain`,
     ``cluster.run_to_completion``); the clock stops at the last decision made.
 
     The rollout operator calls this hundreds of times per decision: keep it lean."""
@@ -105,6 +106,7 @@ def decide_on_grid(cluster: Cluster, route_all: RouteAll, k: int, dt: float,
 def run_on_grid(cluster: Cluster, route_all: RouteAll, dt: float,
                 on_hold: OnHold | None = None) -> None:
     """A whole episode on the grid from time 0: decide at every point, then drain."""
+    cluster.advance_to(0.0)        # requests arriving at t = 0 are decided at t = 0
     decide_on_grid(cluster, route_all, 0, dt, on_hold=on_hold)
     cluster.run_to_completion()
 
