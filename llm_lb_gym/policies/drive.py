@@ -11,6 +11,9 @@ timings, matching the two ways a router is used:
   ``None`` ends the grid point and the queue waits for the next one. With an empty router queue
   the clock jumps to the first grid point at or after the next arrival.
 
+Both walks are the decision clock's (``sim/clock.py``), which the env, the rollout operator and
+``sim.simulate`` share; here it is given the router (``decide``) and an idle-hold guard.
+
 ``decide`` is the single place that knows the two calling conventions (``select`` on the head,
 or ``select_from_queue`` for reordering routers); any driver - the env's evaluation loop
 included - should use it.

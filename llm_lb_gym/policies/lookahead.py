@@ -6,9 +6,10 @@ the ``k - 1`` other queued requests of shortest predicted ideal latency to each 
 every candidate it copies the cluster (``copy_cluster``), applies the action, and simulates
 ``horizon_s`` seconds ahead with a base heuristic (``base``) deciding on the decision grid
 ``k * decision_interval_s`` (with its own options, ``base_options``: e.g. the setting's
-tuned ``late_binding``) exactly as the env and ``drive.run_router`` do: after a route the
-next decision is at the same time while requests wait, a deferral waits one interval, an empty
-queue waits for the first grid point at or after the next arrival.
+tuned ``late_binding``) on the decision clock the env and ``drive.run_router`` use
+(``sim/clock.py``): after a route the next decision is at the same time while requests wait, a
+deferral waits one interval, an empty queue waits for the first grid point at or after the next
+arrival.
 
 Score (lower is better), computed exactly from the copy's arrival and finish timestamps:
 - ``score="window"``: the time integral over ``[t, t + horizon_s]`` of the number of requests
