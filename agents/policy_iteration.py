@@ -64,7 +64,7 @@ class PolicyIterationConfig:
     label_every: int = 8
     """Label every n-th decision with a choice (others are only driven through)."""
     max_labels_per_episode: int = 150
-    horizon_s: float = 2.0
+    plan_horizon_s: float = 2.0
     samples: int = 4
     see_future: bool = False
     """True: rollouts on the real future (a clairvoyant reference, never deployable)."""
@@ -107,7 +107,7 @@ class PolicyIterationConfig:
                          ("epochs", 1), ("batch_size", 1), ("embed_dim", 1), ("workers", 1),
                          ("round_seed", 0), ("seed", 0)):
             check_int(f"{p}.{name}", getattr(self, name), lo)
-        check_range(f"{p}.horizon_s", self.horizon_s, 0.0, lo_open=True)
+        check_range(f"{p}.plan_horizon_s", self.plan_horizon_s, 0.0, lo_open=True)
         check_range(f"{p}.temperature", self.temperature, 0.0, lo_open=True)
         check_range(f"{p}.learning_rate", self.learning_rate, 0.0, lo_open=True)
         check_range(f"{p}.prior", self.prior, 0.0)
@@ -124,7 +124,7 @@ class PolicyIterationConfig:
         from llm_lb_gym.policies.improve import ImprovementOptions
 
         return ImprovementOptions(
-            base=self.teacher, base_options=dict(self.teacher_options), horizon_s=self.horizon_s,
+            base=self.teacher, base_options=dict(self.teacher_options), plan_horizon_s=self.plan_horizon_s,
             samples=1 if self.see_future else self.samples, see_future=self.see_future,
             antithetic=self.antithetic, decision_interval_s=decision_interval_s)
 

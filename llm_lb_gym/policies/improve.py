@@ -6,15 +6,15 @@ expert in expert iteration). From a state (a cluster with requests at the router
 candidate action - route the queued request at position ``p`` to instance ``i``, or hold
 (``None``) - copy the cluster, apply the action, and continue with the *base* router (any
 registered router with its own options, e.g. ``late_binding`` as tuned for the setting) for
-``horizon_s`` simulated seconds on the decision grid the env uses; then score what happened:
+``plan_horizon_s`` simulated seconds on the decision grid the env uses; then score what happened:
 
-- ``score="drain"`` (default): arrivals stop at ``t + horizon_s``, the base routes what still
+- ``score="drain"`` (default): arrivals stop at ``t + plan_horizon_s``, the base routes what still
   waits and every instance runs until idle; the score is the integral over ``[t, inf)`` of the
   number of requests in the system, i.e. the remaining time in the system of every request that
-  arrived by ``t + horizon_s``. The drain is the terminal estimate of the work left at the
+  arrived by ``t + plan_horizon_s``. The drain is the terminal estimate of the work left at the
   horizon: without it a request parked behind a queue longer than the horizon costs the same on
   every instance, so short horizons would be myopic.
-- ``score="window"``: the integral over ``[t, t + horizon_s]`` only.
+- ``score="window"``: the integral over ``[t, t + plan_horizon_s]`` only.
 
 By Little's law the integral over a whole episode is the sum of the requests' latencies, so a
 candidate's score is what it adds to the total E2E of the requests it can see, and the
@@ -36,7 +36,7 @@ numbers), ``samples`` of them; :meth:`RolloutImprovement.score` returns the whol
 same uniforms (Poisson arrivals only; any other workload is refused with a named error).
 
 Cost per state: ``len(candidates) * samples`` rollouts (a cluster copy, ~0.5 ms, plus
-``horizon_s`` seconds of simulation and the drain). Parallelism is across states (one episode's
+``plan_horizon_s`` seconds of simulation and the drain). Parallelism is across states (one episode's
 states per worker process): see ``agents.policy_iteration``.
 """
 
@@ -67,7 +67,7 @@ class ImprovementOptions:
     """Registered router that decides inside the rollouts (any but ``lookahead``)."""
     base_options: Mapping[str, Any] = field(default_factory=dict)
     """The base router's own options (e.g. the setting's tuned ``late_binding`` options)."""
-    horizon_s: float = 2.0
+    plan_horizon_s: float = 2.0
     """Simulated seconds of arrivals each candidate is rolled out for."""
     samples: int = 4
     """Imagined futures per state (``see_future=False``); all candidates share them."""
@@ -91,7 +91,7 @@ class ImprovementOptions:
             raise ConfigError(f"{p}.base_options={self.base_options!r} must be a mapping of "
                               f"{self.base!r}'s options")
         make_router(self.base, **dict(self.base_options))   # names a bad option or value
-        check_range(f"{p}.horizon_s", self.horizon_s, 0.0, lo_open=True)
+        check_range(f"{p}.plan_horizon_s", self.plan_horizon_s, 0.0, lo_open=True)
         check_range(f"{p}.decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
         check_int(f"{p}.samples", self.samples, 1)
         check_choice(f"{p}.score", self.score, SCORES)
@@ -250,7 +250,7 @@ class RolloutImprovement:
         o = self.options
         lo = self.first_unfinished(cluster)
         t, dt = cluster.t, o.decision_interval_s
-        t_end = t + o.horizon_s
+        t_end = t + o.plan_horizon_s
         k0 = grid_index_of(t, dt)
         if base_seed is None:
             base_seed = int(rng.integers(2**63))
@@ -311,9 +311,9 @@ class RolloutImprovement:
         tb.inv_ideal[lo:hi] = (1.0 / c.speeds.ideal_latency_s(prompt, pred)).tolist()
         return u
 
-    def _draw(self, horizon_s: float, room: int, rng, u=None):
+    def _draw(self, window_s: float, room: int, rng, u=None):
         """Imagined arrivals (seconds from now), prompt tokens, predicted decode tokens and task
-        ids: every arrival within ``horizon_s`` plus the first after it, at most ``room``.
+        ids: every arrival within ``window_s`` plus the first after it, at most ``room``.
         With ``antithetic`` the arrival gaps are re-drawn from uniforms ``u`` (given: the
         mirrored ones of the pair's first future) at the workload's mean rate."""
         parts, offset, n = [], 0.0, self._n_draw
@@ -337,10 +337,10 @@ class RolloutImprovement:
                 arr = offset + b.arrival_s[1:]     # drop the draw's request at 0 s
             parts.append((arr, b.prompt_tokens[1:], np.maximum(1.0, pred[1:]), b.task_id[1:]))
             total += n
-            if arr[-1] > horizon_s or total >= room:
+            if arr[-1] > window_s or total >= room:
                 break
             offset, n = arr[-1], 2 * n
         arr, prompt, pred, task = (np.concatenate(x) for x in zip(*parts))
-        cut = min(int(np.searchsorted(arr, horizon_s, side="right")) + 1, room)
+        cut = min(int(np.searchsorted(arr, window_s, side="right")) + 1, room)
         self._n_draw = max(self._n_draw, cut + cut // 4)
         return arr[:cut], prompt[:cut], pred[:cut], task[:cut], (np.concatenate(us) if us else None)
