@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 from .._validate import check_choice, reject_unexpected_keywords
 from ..policies.drive import decide
-from ..sim.clock import fast_forward, next_decision_index
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, fast_forward, next_decision_index
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics, prefix_cache_metrics
@@ -139,7 +139,8 @@ class LLMClusterEnv(gym.Env):
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
     # spaced in simulated time, so a video is a sequence of decisions, not a clock).
-    metadata = {"render_modes": list(RENDER_MODES), "render_fps": 50}
+    metadata = {"render_modes": list(RENDER_MODES),
+                "render_fps": round(1.0 / DEFAULT_DECISION_INTERVAL_S)}
 
     def __init__(self, render_mode: str | None = None, **options: Any):
         reject_unexpected_keywords(options, (*ENV_OPTIONS, "render_mode"))

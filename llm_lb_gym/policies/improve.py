@@ -53,7 +53,7 @@ import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
 from ..sim.request import RequestTable, Status
-from ..sim.clock import decide_on_grid, drain, grid_index_of  # noqa: F401 (drain: lookahead re-exports it)
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, decide_on_grid, drain, grid_index_of  # noqa: F401 (drain: lookahead re-exports it)
 from .drive import decide
 
 _REJECTED = int(Status.REJECTED)
@@ -77,7 +77,7 @@ class ImprovementOptions:
     """``drain`` (window plus the terminal cost of the work left) or ``window``."""
     antithetic: bool = False
     """Pair the imagined futures antithetically (Poisson arrivals; needs an even ``samples``)."""
-    decision_interval_s: float = 0.02
+    decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     """The decision grid of the rollouts; must be the env's."""
 
     def __post_init__(self) -> None:

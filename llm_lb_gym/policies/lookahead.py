@@ -76,6 +76,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S
 from ..sim.request import Status
 from .base import RouterBase
 from .drive import decide
@@ -106,7 +107,7 @@ class LookaheadOptions:
     samples: int = 1
     """Imagined futures per decision (scores are averaged; cost scales with it). Only with
     ``see_future=False``: the real future is one."""
-    decision_interval_s: float = 0.02
+    decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     """The decision grid of the rollouts; must match the driver's (``make_env_router`` sets it
     from the env)."""
 

@@ -31,6 +31,10 @@ RouteAll = Callable[[Cluster], object]
 OnHold = Callable[[Cluster, float], None]
 """Called at a grid point ``t`` that ends with requests still waiting (the decider held)."""
 
+DEFAULT_DECISION_INTERVAL_S = 0.02
+"""The decision interval of the paper's setting ("the minimum decode batch execution time"): the
+one default of the env (``EnvConfig``), the rollout operator and the lookahead router."""
+
 GRID_SLACK = 1e-9
 """Decision times are ``k * dt``; a cluster time meant to be a grid point may sit a few ulps
 off, so the grid point of time ``t`` is ``floor(t / dt + GRID_SLACK)``."""
