@@ -135,6 +135,12 @@ class LLMClusterEnv(gym.Env):
     - v0 (after package 0.4): ``action.masked=fallback`` by default: masked actions route by the
       fallback router instead of being carried out. Episodes with no masked action (heuristic
       routers, mask-respecting agents, imitation) are unchanged, bit for bit.
+    - v0 (after package 0.4): one memory model for every preset (``docs/hardware.md``): the
+      default V100 preset has 1,889 KV blocks (was 1,887), the hand-set A100/H100/Llama-3
+      presets 7,350/7,359/27,932 (were 7,353/7,353/28,181). Episodes without preemption are
+      unchanged bit for bit; the capacity observation moves by about 0.1%, and episodes where
+      the KV cache binds move slightly (load sweep above capacity: round robin within 0.3%).
+      ``late_binding``'s class defaults became the default setting's tuned options.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
