@@ -54,8 +54,7 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
     ``reward_scale`` multiplies the rewards as the training env's scaling does, so the
     demonstrations and the learner's own transitions share units.
     """
-    from llm_lb_gym.policies.drive import decide
-    from llm_lb_gym.rollout import make_env_router
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
 
     from agents.replay import SemiMDPReplayBuffer
 
@@ -69,23 +68,19 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
     skipped = 0
     t0 = time.perf_counter()
     for ep in range(episodes):
-        obs, info = base.reset(seed=seed + ep)
-        router.reset(np.random.default_rng([seed + ep, 7]), base.m)
+        obs, info = start_episode(base, router, seed + ep)
         while True:
-            c = base.cluster
-            choice = decide(c, router) if c.queue else None
+            choice = router_choice(base, router)
             action = base.defer_action if choice is None else base.action_for(*choice)
+            # the teacher's choice as it takes it, a hold also where the mask forbids it (step
+            # would hand it to action.masked's fallback router): the demonstration is the teacher's
+            nxt, r, term, trunc, info = take_choice(base, choice)
             if action is None:   # not expressible in this action space: follow, do not record
                 skipped += 1
-                obs, r, term, trunc, info = base.route_step(choice[1], choice[0])
             else:
-                # the teacher's defer as taken, also where the mask forbids it (step would hand
-                # it to action.masked's fallback router): the demonstration is the teacher's
-                nxt, r, term, trunc, info = (base.route_step(base.m) if choice is None
-                                             else base.step(action))
                 records.append((obs, nxt, action, r * reward_scale, term, info["discount"],
                                 info["action_mask"]))
-                obs = nxt
+            obs = nxt
             if term or trunc:
                 metrics.append(info.get("metrics") or base.metrics())
                 break

@@ -64,7 +64,7 @@ class PolicyIterationConfig:
     label_every: int = 8
     """Label every n-th decision with a choice (others are only driven through)."""
     max_labels_per_episode: int = 150
-    horizon_s: float = 2.0
+    plan_horizon_s: float = 2.0
     samples: int = 4
     see_future: bool = False
     """True: rollouts on the real future (a clairvoyant reference, never deployable)."""
@@ -107,7 +107,7 @@ class PolicyIterationConfig:
                          ("epochs", 1), ("batch_size", 1), ("embed_dim", 1), ("workers", 1),
                          ("round_seed", 0), ("seed", 0)):
             check_int(f"{p}.{name}", getattr(self, name), lo)
-        check_range(f"{p}.horizon_s", self.horizon_s, 0.0, lo_open=True)
+        check_range(f"{p}.plan_horizon_s", self.plan_horizon_s, 0.0, lo_open=True)
         check_range(f"{p}.temperature", self.temperature, 0.0, lo_open=True)
         check_range(f"{p}.learning_rate", self.learning_rate, 0.0, lo_open=True)
         check_range(f"{p}.prior", self.prior, 0.0)
@@ -124,7 +124,7 @@ class PolicyIterationConfig:
         from llm_lb_gym.policies.improve import ImprovementOptions
 
         return ImprovementOptions(
-            base=self.teacher, base_options=dict(self.teacher_options), horizon_s=self.horizon_s,
+            base=self.teacher, base_options=dict(self.teacher_options), plan_horizon_s=self.plan_horizon_s,
             samples=1 if self.see_future else self.samples, see_future=self.see_future,
             antithetic=self.antithetic, decision_interval_s=decision_interval_s)
 
@@ -229,9 +229,8 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
-    from llm_lb_gym.policies.drive import decide
     from llm_lb_gym.policies.improve import RolloutImprovement
-    from llm_lb_gym.rollout import make_env_router
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
 
     th.set_num_threads(1)
     env = gym.make("LLMCluster-v0", **kw).unwrapped
@@ -249,15 +248,14 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
                                 prompt_scheme=ob.prompt_scheme, decode_scheme=ob.decode_scheme,
                                 base_router=make_env_router(cfg.teacher, env, **cfg.teacher_options))
     rng = np.random.default_rng([label_seed, seed])
-    obs, info = env.reset(seed=seed)
-    teacher.reset(np.random.default_rng([seed, 7]), env.m)
+    obs, info = start_episode(env, teacher, seed)
     obs_l, mask_l, teach_l, adv_l, se_l = [], [], [], [], []
     n_choice = labelled = 0
     label_wall = 0.0
     while True:
         mask = info["action_mask"] if "action_mask" in info else env.action_masks()
         c = env.cluster
-        t_choice = decide(c, teacher) if c.queue else None
+        t_choice = router_choice(env, teacher)
         t_action = env.defer_action if t_choice is None else env.action_for(*t_choice)
         valid = np.flatnonzero(mask)
         adv = se = None
@@ -283,15 +281,13 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
             adv_l.append(adv)
             se_l.append(se)
         if policy is None or t_action is None:
-            if t_action is None:    # not expressible: follow the teacher, do not record it
-                obs, r, term, trunc, info = env.route_step(t_choice[1], t_choice[0])
-            else:   # a teacher's defer as taken, also where the mask forbids it (action.masked)
-                obs, r, term, trunc, info = (env.route_step(env.m) if t_choice is None
-                                             else env.step(t_action))
+            # the teacher's choice as it takes it (not expressible: followed, not recorded; a
+            # hold also where the mask forbids it, action.masked)
+            obs, r, term, trunc, info = take_choice(env, t_choice)
         else:
             a = policy.act(obs, mask, t_action)
             if a == env.defer_action and not mask[a]:   # the teacher's hold, taken as it takes it
-                obs, r, term, trunc, info = env.route_step(env.m)
+                obs, r, term, trunc, info = take_choice(env, None)
             else:
                 obs, r, term, trunc, info = env.step(a)
         if term or trunc:
@@ -513,14 +509,14 @@ class DistilledAgent:
         return cls(NetPolicy.load(path), env)
 
     def teacher_action(self) -> int:
-        from llm_lb_gym.policies.drive import decide
+        from llm_lb_gym.rollout import router_choice
 
         env = self.env
         c = env.cluster
         if c is not self._cluster:
             self._cluster = c
             self.teacher.reset(np.random.default_rng(0), env.m)
-        choice = decide(c, self.teacher) if c.queue else None
+        choice = router_choice(env, self.teacher)
         if choice is None:
             return env.defer_action
         a = env.action_for(*choice)

@@ -61,14 +61,41 @@ def to_container(node):
 
 
 def env_kwargs(cfg) -> dict:
-    """``gym.make("LLMCluster-v0", **env_kwargs(cfg))`` from the composed groups."""
+    """``gym.make("LLMCluster-v0", **env_kwargs(cfg))`` from the composed groups. A router as the
+    reward's teacher without its own ``reward.teacher_options`` gets the setting's options of
+    that router (:func:`router_options`)."""
     kw = dict(to_container(cfg.env))
     if isinstance(kw.get("obs"), dict):
         kw["obs"] = {k: tuple(v) if isinstance(v, list) else v for k, v in kw["obs"].items()}
     for group in ("engine", "workload", "predictor", "reward"):
         if group in cfg and cfg[group] is not None:
             kw[group] = to_container(cfg[group])
+    reward = kw.get("reward")
+    if isinstance(reward, dict) and reward.get("teacher") not in (None, "mixing") \
+            and not reward.get("teacher_options"):
+        reward["teacher_options"] = router_options(cfg, reward["teacher"])
     return kw
+
+
+def all_router_options(cfg) -> dict:
+    """Every router's options in this setting: ``eval.policy_options`` (the one place a setting
+    sets them: ``conf/routers/default.yaml``, overridden by the experiment's), each router's
+    entry replaced by one given in a top-level ``policy_options`` (the command line's)."""
+    setting = to_container((cfg.get("eval") or {}).get("policy_options")) or {}
+    return {**setting, **(to_container(cfg.get("policy_options")) or {})}
+
+
+def router_options(cfg, name: str) -> dict:
+    """Options of router ``name`` in this setting (:func:`all_router_options`), as evaluation,
+    training's teachers (imitation, reward guidance), the load sweep and improve read them. A
+    ``lookahead`` without ``base_options`` gets the setting's options of its base router."""
+    every = all_router_options(cfg)
+    opts = dict(every.get(name) or {})
+    if name == "lookahead" and "base_options" not in opts:
+        from llm_lb_gym.policies.lookahead import LookaheadOptions
+
+        opts["base_options"] = dict(every.get(opts.get("base", LookaheadOptions.base)) or {})
+    return opts
 
 
 def run_dir(cfg=None) -> Path:

@@ -90,7 +90,7 @@ def main(argv=None) -> None:
 
     print(f"engine {engine_class().__module__}; load average {os.getloadavg()}; "
           f"{args.requests} requests per episode, seeds 1000..{999 + args.seeds}", flush=True)
-    settings = [{"horizon_s": h, "base": b, "score": sc, "candidates": k, "samples": 1 if sf else n,
+    settings = [{"plan_horizon_s": h, "base": b, "score": sc, "candidates": k, "samples": 1 if sf else n,
                  "see_future": sf}
                 for b in args.bases for sc in args.scores for h in args.horizons for k in args.candidates
                 for n in args.samples for sf in ([False, True] if args.see_future else [False])]

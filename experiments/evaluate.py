@@ -28,7 +28,8 @@ import numpy as np
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      filter_note, loss_warning, row_filters)
 from experiments._entry_options import check_evaluate_options
-from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from experiments._hydra import (all_router_options, env_kwargs, hydra_main, router_options, run_dir,
+                                to_container, write_run_record)
 from experiments._progress import progress_bar, say
 
 TABLE_COLUMNS = (
@@ -152,7 +153,7 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     for name, kind, spec in deciders:
         bar.set_postfix_str(name, refresh=False)
         if kind == "router":
-            router = make_env_router(name, env.unwrapped, **policy_options(cfg).get(name, {}))
+            router = make_env_router(name, env.unwrapped, **router_options(cfg, name))
             run = lambda s: rollout_router(env, router, s)  # noqa: E731
         else:
             agent, agent_env = _load_agent(spec, kw, env)
@@ -196,11 +197,8 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
 
 
 def policy_options(cfg) -> dict:
-    """Each router's options: the setting's tuned ones (``eval.policy_options``, where
-    experiments put them, as for training's evaluation), each policy's entry replaced by one
-    given in ``policy_options`` (the command line's)."""
-    setting = to_container((cfg.get("eval") or {}).get("policy_options")) or {}
-    return {**setting, **(to_container(cfg.get("policy_options")) or {})}
+    """Each router's options in this setting (``_hydra.all_router_options``)."""
+    return all_router_options(cfg)
 
 
 def _load_agent(spec: dict, kw: dict, env):

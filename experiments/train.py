@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from experiments._hydra import env_kwargs, hydra_main, router_options, run_dir, to_container, write_run_record
 from experiments._progress import say
 
 FINAL_MODELS = ("best", "last")
@@ -143,20 +143,14 @@ def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.rollout import make_env_router
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
 
     env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}).unwrapped
     router = make_env_router("round_robin", env)
-    env.reset(seed=seed)
-    router.reset(np.random.default_rng([seed, 7]), env.m)
-    from llm_lb_gym.policies.drive import decide
-
+    start_episode(env, router, seed)
     rewards, discounts = [], []
     while True:
-        c = env.cluster
-        choice = decide(c, router) if c.queue else None
-        _, r, term, trunc, info = (env.route_step(env.m) if choice is None
-                                   else env.route_step(choice[1], choice[0]))
+        _, r, term, trunc, info = take_choice(env, router_choice(env, router))
         rewards.append(r)
         discounts.append(info["discount"])
         if term or trunc:
@@ -175,7 +169,9 @@ def step_limit(kw: dict, rr: dict[str, float]) -> int:
     """Steps after which a validation or test episode is cut: ten times round robin's steps,
     plus two deferrals per decision interval of round robin's makespan (a router that holds
     requests at the router, as late binding does in overload, takes a step every interval)."""
-    dt = float(kw.get("decision_interval_s", 0.02))
+    from llm_lb_gym.sim.clock import DEFAULT_DECISION_INTERVAL_S
+
+    dt = float(kw.get("decision_interval_s", DEFAULT_DECISION_INTERVAL_S))
     return int(VALIDATION_STEP_FACTOR * rr["steps"] + 2 * rr["makespan_s"] / dt)
 
 
@@ -302,8 +298,9 @@ def warm_start(agent, cfg, kw: dict, scale: float, episode_steps: int) -> dict |
     from agents.imitation import collect_demonstrations
 
     t0 = time.perf_counter()
+    teacher_options = im.get("teacher_options") or router_options(cfg, im["teacher"])
     demos = collect_demonstrations(make_env(kw), im["teacher"], int(im["episodes"]), int(im["seed"]),
-                                   reward_scale=scale, teacher_options=im.get("teacher_options") or {})
+                                   reward_scale=scale, teacher_options=teacher_options)
     updates_per_step = agent.gradient_steps / agent.train_freq.frequency if agent.gradient_steps > 0 else 1
     decay = max(1, int(int(im["margin_decay_episodes"]) * episode_steps * updates_per_step))
     agent.set_demonstrations(demos.buffer, fraction=float(im["demo_fraction"]), margin=float(im["margin"]),

@@ -64,7 +64,7 @@ def _throughput(gpu: str) -> GPUThroughput:
 
 
 DATASHEETS: dict[str, GPUThroughput] = {
-    # Vidur's a100 device is the 80 GB part (as GPUS["a100"] in latency.py assumes).
+    # Vidur's a100 device is the 80 GB part (the llama2-7b-a100 preset's GPU).
     "a100": _throughput("a100-80gb"),
     "h100": _throughput("h100-80gb"),
     "v100": _throughput("v100-32gb"),
@@ -358,7 +358,7 @@ def profile_step_times(gpu: str, model: str, tp: int = 1,
                        data_dir: Path | str | None = None) -> list[CalibrationPoint]:
     """Profile-derived step times of (gpu, model, tp) at every profiled attention shape.
 
-    ``gpu`` and ``model`` as in ``llm_lb_gym.sim.latency`` (GPUS, MODELS); the pairs with an
+    ``gpu`` and ``model`` as Vidur names them (``a100``, ``llama2-7b``); the pairs with an
     operator profile are :data:`OPERATOR_DATASETS`. Raises ConfigError naming the allowed values
     otherwise, and ``llm_lb_gym.data.DataNotFoundError`` when the profiles are absent.
     """

@@ -18,8 +18,6 @@ an overflow at ``reset``.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ._validate import ConfigError
@@ -54,7 +52,8 @@ CV_RANGE = (0.01, 100.0)
 """Allowed coefficient of variation of gamma inter-arrival times (gamma shape 1e4 .. 1e-4)."""
 
 _MAX_GRID_INDEX = 2**52
-"""Grid indices at or above this lose exactness in ``k * dt`` (float64 has 53 bits)."""
+"""Grid indices at or above this lose exactness in ``k * dt`` (float64 has 53 bits); the
+decision clock (``sim/clock.py``) refuses them."""
 
 
 class ArrivalLimitError(ConfigError):
@@ -74,32 +73,6 @@ def check_arrival_span(times_s, source: str, hint: str = "") -> None:
             f"{source}: arrival times reach {last:.6g} s, beyond the limit MAX_ARRIVAL_S="
             f"{MAX_ARRIVAL_S:g} s (llm_lb_gym.limits){'; ' + hint if hint else ''}")
 
-
-def grid_index_at_or_after(t: float, dt: float, k_min: int) -> int:
-    """The smallest grid index ``k >= k_min`` with ``k * dt >= t``.
-
-    ``ceil(t / dt)`` is off by at most a step or two in floating point; the corrections below
-    are bounded, and a time the grid cannot resolve raises instead of looping."""
-    q = t / dt
-    if not q < _MAX_GRID_INDEX:
-        raise ArrivalLimitError(
-            f"time {t!r} s is beyond the decision grid: time / decision_interval_s must stay "
-            f"below 2**52 (arrival times are limited to MAX_ARRIVAL_S={MAX_ARRIVAL_S:g} s)")
-    k = max(k_min, math.ceil(q))
-    for _ in range(8):
-        if k * dt >= t:
-            break
-        k += 1
-    else:
-        raise ArrivalLimitError(f"no grid point k * {dt!r} reaches {t!r} s (grid resolution)")
-    for _ in range(8):
-        if k - 1 >= k_min and (k - 1) * dt >= t:
-            k -= 1
-        else:
-            break
-    else:
-        raise ArrivalLimitError(f"no grid point k * {dt!r} reaches {t!r} s (grid resolution)")
-    return k
 
 MAX_TRAINING_EPISODE = 2**53
 """Largest training-episode counter (``set_training_episode``, ``reset(options=

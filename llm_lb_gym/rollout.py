@@ -72,22 +72,37 @@ def _finish(env: LLMClusterEnv, info: dict, ret: float, steps: int) -> EpisodeRe
     return EpisodeResult(metrics, ret, steps, request_latencies(env.cluster.table))
 
 
-def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None = None) -> EpisodeResult:
-    """One episode driven by a heuristic router (``llm_lb_gym.policies``)."""
+def start_episode(env: LLMClusterEnv, router, seed: int) -> tuple[Any, dict]:
+    """Reset ``env`` (unwrapped) with ``seed`` and ``router`` with its RNG for that seed
+    (``policies.drive.router_rng``); returns the env's (observation, info)."""
+    from .policies.drive import router_rng
+
+    out = env.reset(seed=seed)
+    router.reset(router_rng(seed), env.m)
+    return out
+
+
+def router_choice(env: LLMClusterEnv, router) -> tuple[int, int] | None:
+    """(queue position, instance) ``router`` wants now, or None: hold (or nothing queued)."""
     from .policies.drive import decide
 
+    c = env.cluster
+    return decide(c, router) if c.queue else None
+
+
+def take_choice(env: LLMClusterEnv, choice: tuple[int, int] | None):
+    """One env step carrying out a router's choice as the router takes it (``route_step``: a
+    hold waits one interval even where the action mask forbids it). Returns ``step``'s tuple."""
+    return env.route_step(env.m) if choice is None else env.route_step(choice[1], choice[0])
+
+
+def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None = None) -> EpisodeResult:
+    """One episode driven by a heuristic router (``llm_lb_gym.policies``)."""
     env = env.unwrapped
-    env.reset(seed=seed)
-    router.reset(np.random.default_rng([seed, 7]), env.m)
+    start_episode(env, router, seed)
     ret, steps, info = 0.0, 0, {}
     while True:
-        c = env.cluster
-        choice = decide(c, router) if c.queue else None
-        if choice is None:
-            _, r, term, trunc, info = env.route_step(env.m)
-        else:
-            pos, inst = choice
-            _, r, term, trunc, info = env.route_step(inst, pos)
+        _, r, term, trunc, info = take_choice(env, router_choice(env, router))
         ret += r
         steps += 1
         if term or trunc or (max_steps is not None and steps >= max_steps):

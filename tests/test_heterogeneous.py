@@ -204,7 +204,9 @@ def test_mixed_observation_has_speed_and_kv_size_columns():
     inst = obs[lay.global_dim + lay.num_candidates * lay.candidate_dim:].reshape(2, lay.instance_dim)
     sp = base.speeds
     np.testing.assert_array_equal(inst[:, -2], np.float32(sp.relative_speed))
-    np.testing.assert_array_equal(inst[:, -1], np.float32(np.array(sp.kv_tokens) / max(sp.kv_tokens)))
+    # float32 KV tokens times the float32 scale 1 / largest, as the observation builder computes it
+    want = np.float32(sp.kv_tokens) * np.float32(1.0 / max(sp.kv_tokens))
+    np.testing.assert_array_equal(inst[:, -1], want)
     assert inst[1, -2] == 1.0 and inst[0, -2] < 1.0 and inst[1, -1] == 1.0
     np.testing.assert_array_equal(inst[:, -3], 1.0)       # free KV blocks / own blocks: all free
     # Counts are normalised by each instance's own max_num_seqs.

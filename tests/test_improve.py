@@ -68,8 +68,8 @@ def busy_state(seed=3, min_queue=3):
     ({"base_options": [1]}, r"base_options=\[1\] must be a mapping"),
     ({"samples": 0}, r"improve.samples=0 .*\[1, inf\)"),
     ({"samples": 1.5}, r"improve.samples"),
-    ({"horizon_s": 0.0}, r"improve.horizon_s=0.0 .*\(0.0, inf\)"),
-    ({"horizon_s": -2.0}, r"improve.horizon_s=-2.0"),
+    ({"plan_horizon_s": 0.0}, r"improve.plan_horizon_s=0.0 .*\(0.0, inf\)"),
+    ({"plan_horizon_s": -2.0}, r"improve.plan_horizon_s=-2.0"),
     ({"score": "sum"}, r"improve.score='sum' .*allowed: window, drain"),
     ({"see_future": True, "samples": 2}, r"samples=2 needs see_future=False"),
     ({"antithetic": True, "samples": 3}, r"antithetic=True needs .*even number"),
@@ -106,7 +106,7 @@ def test_clairvoyant_drain_score_of_the_base_is_the_real_future():
     continued under the base really gives it."""
     env, teacher = busy_state()
     c = env.cluster
-    op = operator(env, see_future=True, samples=1, horizon_s=1e4)
+    op = operator(env, see_future=True, samples=1, plan_horizon_s=1e4)
     own = decide(c, teacher)
     lo = op.first_unfinished(c)
     t = c.t
@@ -127,7 +127,7 @@ def test_shared_futures_and_no_side_effects():
     env, teacher = busy_state()
     c = env.cluster
     before = pickle.dumps(c)
-    op = operator(env, samples=4, horizon_s=1.0)
+    op = operator(env, samples=4, plan_horizon_s=1.0)
     own = decide(c, teacher)
     others = [(p, i) for p in range(3) for i in range(2) if (p, i) != own]
     S = op.score(c, [own, others[0], own, None], np.random.default_rng(5))
@@ -135,9 +135,9 @@ def test_shared_futures_and_no_side_effects():
     np.testing.assert_array_equal(S[:, 0], S[:, 2])     # same action, same futures: same scores
     assert len(set(S[:, 0])) > 1, "the four imagined futures should differ"
     assert pickle.dumps(c) == before
-    S2 = operator(env, samples=4, horizon_s=1.0).score(c, [own, others[0], own, None], np.random.default_rng(5))
+    S2 = operator(env, samples=4, plan_horizon_s=1.0).score(c, [own, others[0], own, None], np.random.default_rng(5))
     np.testing.assert_array_equal(S, S2)                 # determinism
-    A = operator(env, samples=4, horizon_s=1.0, antithetic=True).score(c, [own, None], np.random.default_rng(5))
+    A = operator(env, samples=4, plan_horizon_s=1.0, antithetic=True).score(c, [own, None], np.random.default_rng(5))
     assert A.shape == (4, 2) and np.all(np.isfinite(A))
 
 
@@ -166,7 +166,7 @@ def _cfg(**kw):
     from agents.policy_iteration import PolicyIterationConfig
 
     base = dict(teacher_options=LB, rounds=1, episodes_per_round=1, label_every=2,
-                max_labels_per_episode=6, horizon_s=0.3, samples=2, validation_seeds=(500,),
+                max_labels_per_episode=6, plan_horizon_s=0.3, samples=2, validation_seeds=(500,),
                 epochs=2, executor="inline", round_seed=7)
     return PolicyIterationConfig(**{**base, **kw})
 
@@ -251,7 +251,7 @@ def test_improve_entry_point_debug_size(tmp_path):
     assert "distilled" in s["table"] and list((tmp_path / "tb").rglob("events.out.tfevents*"))
     with pytest.raises(ConfigError, match="improve.*horizon"):
         improve(compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]",
-                                    "improve.horizon_s=0"]), out=tmp_path / "bad")
-    with pytest.raises(ConfigError, match="unknown improve option.*horizon; allowed: .*horizon_s"):
+                                    "improve.plan_horizon_s=0"]), out=tmp_path / "bad")
+    with pytest.raises(ConfigError, match="unknown improve option.*horizon; allowed: .*plan_horizon_s"):
         improve(compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]",
                                     "+improve.horizon=1"]), out=tmp_path / "bad2")

@@ -96,7 +96,7 @@ def test_masked_double_target_ignores_invalid_next_actions():
 def test_imitation_collects_the_teachers_transitions_and_pretraining_learns_them():
     env = gym.make("LLMCluster-v0", **KW)
     demos = collect_demonstrations(env, "late_binding", 2, seed=10, reward_scale=0.01,
-                                   teacher_options={"period_s": 0.5, "rounds": "since_release"})
+                                   teacher_options={"period_s": 0.5, "rounds": "since_release", "reserve": "full"})
     assert demos.skipped == 0 and demos.steps == demos.buffer.size() > 100
     assert len(demos.metrics) == 2 and all(m["unfinished"] == 0 for m in demos.metrics)
     venv = make_vec_env(lambda: gym.make("LLMCluster-v0", **KW), n_envs=1, seed=0)

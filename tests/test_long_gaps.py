@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from llm_lb_gym.envs.cluster_env import LLMClusterEnv
-from llm_lb_gym.limits import MAX_ARRIVAL_S, ArrivalLimitError, grid_index_at_or_after
+from llm_lb_gym.limits import MAX_ARRIVAL_S, ArrivalLimitError
+from llm_lb_gym.sim.clock import grid_index_at_or_after
 from llm_lb_gym.workload import (DeterministicArrivals, PoissonArrivals, RequestBatch,
                                  TraceFormatError, TraceWorkload, read_trace)
 from llm_lb_gym.workload.arrivals import trace_window

@@ -73,7 +73,7 @@ def test_registered_with_options_named_in_errors():
     assert "lookahead" in ROUTERS
     r = make_router("lookahead")
     assert r.defers and r.options.base == "least_requests" and not r.options.see_future
-    for bad, match in [({"horizon_s": 0}, r"router.lookahead.horizon_s=0 .*\(0.0, inf\)"),
+    for bad, match in [({"plan_horizon_s": 0}, r"router.lookahead.plan_horizon_s=0 .*\(0.0, inf\)"),
                        ({"base": "lookahead"}, r"router.lookahead.base='lookahead' .*allowed: round_robin"),
                        ({"base": "rr"}, r"router.lookahead.base='rr'"),
                        ({"candidates": 0}, r"router.lookahead.candidates=0 .*\[1, inf\)"),
@@ -158,7 +158,7 @@ def test_score_equals_a_brute_force_count(score):
     c.route(0)
     c.advance_to(1.4)
     assert len(c.queue) >= 2
-    r = make_router("lookahead", see_future=True, horizon_s=1.5, decision_interval_s=0.05,
+    r = make_router("lookahead", see_future=True, plan_horizon_s=1.5, decision_interval_s=0.05,
                     candidates=2, score=score)
     r.reset(np.random.default_rng(0), 2)
     scored = r.score_candidates(c)
@@ -203,7 +203,7 @@ def test_decisions_ignore_true_lengths_of_unrouted_requests(see_future):
     for c in states:
         scores = []
         for x in (c, _hide(c, rng)):
-            r = make_env_router("lookahead", env, horizon_s=3.0, candidates=2, see_future=see_future)
+            r = make_env_router("lookahead", env, plan_horizon_s=3.0, candidates=2, see_future=see_future)
             r.reset(np.random.default_rng(1), 2)
             scores.append(r.score_candidates(x))
         if see_future:
@@ -224,7 +224,7 @@ def test_episode_through_rollout_router_is_deterministic_and_complete():
                         predictor={"name": "noisy", "accuracy": 0.6})
     runs = []
     for _ in range(2):
-        r = make_env_router("lookahead", env, horizon_s=2.0, candidates=2)
+        r = make_env_router("lookahead", env, plan_horizon_s=2.0, candidates=2)
         res = rollout_router(env, r, seed=4)
         assert res.metrics["unfinished"] == 0
         assert res.metrics["completed"] + res.metrics["rejected"] == 50
@@ -241,7 +241,7 @@ def test_run_router_with_preemptions_and_rejections(base):
     c, b = small_cluster(m=2, blocks=30, n=40, rate=8.0)
     rng = np.random.default_rng(2)
     pred = np.maximum(1, b.decode_tokens * rng.uniform(0.5, 1.5, len(b)))
-    r = lookahead(horizon_s=1.0, base=base, decision_interval_s=0.05)
+    r = lookahead(plan_horizon_s=1.0, base=base, decision_interval_s=0.05)
     out = run_router(b, c.cfg, r, np.random.default_rng(1), 0.05, pred, decode_scheme=SCHEME,
                      check=True)
     status = set(out.table.status)

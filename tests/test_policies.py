@@ -312,7 +312,7 @@ def stress_episode(name: str, seed: int):
     scheme = BucketScheme.completion_time()
     opts = {"decode_edges_tokens": scheme.edges_tokens} if name == "min_min" else {}
     if name == "lookahead":
-        opts = {"see_future": True, "horizon_s": 1.0, "decision_interval_s": 0.05}
+        opts = {"see_future": True, "plan_horizon_s": 1.0, "decision_interval_s": 0.05}
     return b, pred, scheme, opts
 
 

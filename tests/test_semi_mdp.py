@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 
 from llm_lb_gym.envs import LLMClusterEnv
-from llm_lb_gym.policies.drive import decide
+from llm_lb_gym.policies.drive import decide, router_rng
 from llm_lb_gym.rollout import make_env_router, rollout_router
 from llm_lb_gym.sim.metrics import request_latencies
 
@@ -27,7 +26,7 @@ def _env_return(env, router_name, seed, **router_options):
     """Discounted return of one episode from the env's rewards and discounts."""
     env.reset(seed=seed)
     router = make_env_router(router_name, env, **router_options)
-    router.reset(np.random.default_rng([seed, 7]), env.m)
+    router.reset(router_rng(seed), env.m)
     ret, disc, zero_time_discounts = 0.0, 1.0, []
     while True:
         c = env.cluster
@@ -48,7 +47,7 @@ def _reference_return(env, router_name, seed, horizon_s, latency: bool, completi
     env.reset(seed=seed)   # the same requests and predictions
     c = env.cluster
     router = make_env_router(router_name, env, **router_options)
-    router.reset(np.random.default_rng([seed, 7]), env.m)
+    router.reset(router_rng(seed), env.m)
     dt = env.cfg.decision_interval_s
     unit = dt if latency else 1.0
     ret, j, finished = 0.0, 0, 0

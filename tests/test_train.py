@@ -167,9 +167,11 @@ def test_evaluate_uses_the_settings_tuned_router_options():
     and a command-line ``policy_options.<router>`` replaces that router's entry."""
     from experiments.evaluate import policy_options
 
-    default = policy_options(_compose("evaluate", []))["late_binding"]
+    from llm_lb_gym.policies.registry import make_router
+
+    default = make_router("late_binding", **policy_options(_compose("evaluate", []))["late_binding"])
     near = policy_options(_compose("evaluate", ["experiment=v100_near_capacity"]))["late_binding"]
-    assert default["period_s"] == 0.1 and default["reserve"] == "prompt"
+    assert default.options.period_s == 0.1 and default.options.reserve == "prompt"
     assert near["period_s"] == 0.1 and near["reserve"] == "full"
     given = policy_options(_compose("evaluate", ["experiment=v100_near_capacity",
                                                  "policy_options={late_binding: {period_s: 0.5}}"]))

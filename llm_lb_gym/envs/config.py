@@ -15,6 +15,7 @@ from .._validate import (ConfigError, check_bool, check_choice, check_int, check
 from ..limits import (MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS,
                       MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
 from ..policies.mixing import MixingParams
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S
 from ..sim.config import EngineConfig, resolve_instances
 from ..sim.slo import SLOConfig
 
@@ -255,7 +256,7 @@ class EnvConfig:
     action: Any = None
     """ActionConfig or its options: candidates, order, max_wait_s, mask_idle_defer, masked,
     fallback_router, defer_budget."""
-    decision_interval_s: float = 0.02
+    decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     """Time between router decisions (paper: 0.02 s, the minimum decode batch time)."""
     one_action_per_interval: bool = False
     """Paper-faithful timing: every action, routing included, advances one interval. Default:

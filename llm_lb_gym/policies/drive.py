@@ -11,6 +11,9 @@ timings, matching the two ways a router is used:
   ``None`` ends the grid point and the queue waits for the next one. With an empty router queue
   the clock jumps to the first grid point at or after the next arrival.
 
+Both walks are the decision clock's (``sim/clock.py``), which the env, the rollout operator and
+``sim.simulate`` share; here it is given the router (``decide``) and an idle-hold guard.
+
 ``decide`` is the single place that knows the two calling conventions (``select`` on the head,
 or ``select_from_queue`` for reordering routers); any driver - the env's evaluation loop
 included - should use it.
@@ -18,13 +21,14 @@ included - should use it.
 
 from __future__ import annotations
 
-import math
+import functools
 
 import numpy as np
 
 from .._validate import ConfigError, check_range
 from ..limits import MAX_ARRIVAL_S, MIN_DECISION_INTERVAL_S
 from ..predictor.buckets import BucketScheme
+from ..sim.clock import run_on_arrival, run_on_grid
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.request import RequestTable
@@ -33,6 +37,17 @@ from ..workload.batch import RequestBatch
 # A router deferring on a completely idle cluster for this long will never route: stop instead
 # of spinning (no sensible policy waits an hour of simulated time with nothing running).
 _MAX_IDLE_DEFER_S = 3600.0
+
+
+ROUTER_SEED_STREAM = 7
+"""Second entry of a router's RNG seed ``[episode seed, 7]``: routers draw from their own
+stream, apart from the env's (workload, predictions), so every router sees the same requests."""
+
+
+def router_rng(seed: int) -> np.random.Generator:
+    """The RNG a router is reset with for the episode of env seed ``seed`` (the one place it is
+    derived: evaluation, demonstrations, round-robin measurement, policy iteration)."""
+    return np.random.default_rng([seed, ROUTER_SEED_STREAM])
 
 
 def decide(cluster: Cluster, router) -> tuple[int, int] | None:
@@ -65,9 +80,7 @@ def build_table(batch: RequestBatch, pred_decode_tokens=None,
     if pred.shape != (len(batch),):
         raise ValueError(f"pred_decode_tokens has shape {pred.shape}, expected ({len(batch)},)")
     buckets = None if decode_scheme is None else decode_scheme.bucket(pred)
-    return RequestTable(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred,
-                        batch.task_id, decode_bucket=buckets, prefix_hashes=batch.prefix_hashes,
-                        hash_block_tokens=batch.hash_block_tokens)
+    return RequestTable.from_batch(batch, pred, decode_bucket=buckets)
 
 
 def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.random.Generator,
@@ -91,52 +104,37 @@ def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.
     nb = 1 if decode_scheme is None else decode_scheme.num_buckets
     cluster = Cluster(cluster_cfg, table, num_decode_buckets=nb, check=check)
     router.reset(rng, cluster_cfg.num_instances)
+    route_all = functools.partial(_route_all, router=router)
     if decision_interval_s == 0.0:
-        _on_arrival(cluster, router)
+        run_on_arrival(cluster, route_all, f"router {router.name!r}")
     else:
-        _on_grid(cluster, router, decision_interval_s)
+        run_on_grid(cluster, route_all, decision_interval_s, _idle_hold_guard(router))
     assert cluster.done, "episode ended with requests neither finished nor rejected"
     return cluster
 
 
-def _route_all(cluster: Cluster, router) -> bool:
-    """Route while the router agrees; True when it deferred with requests still queued."""
+def _route_all(cluster: Cluster, router) -> None:
+    """Route while the router agrees (the clock's ``route_all`` for any registered router)."""
     while cluster.queue:
         choice = decide(cluster, router)
         if choice is None:
-            return True
+            return
         pos, inst = choice
         cluster.route(inst, pos)
-    return False
 
 
-def _on_arrival(cluster: Cluster, router) -> None:
-    while not cluster.all_arrived:
-        cluster.advance_to(cluster.next_arrival_s)
-        if _route_all(cluster, router):
-            raise RuntimeError(f"router {router.name!r} deferred although its defers flag is False")
-    cluster.run_to_completion()
+def _idle_hold_guard(router):
+    """The clock's ``on_hold``: a router holding requests on an idle cluster after the last
+    arrival for ``_MAX_IDLE_DEFER_S`` will never route; raise instead of spinning."""
+    since = [None]
 
-
-def _on_grid(cluster: Cluster, router, dt: float) -> None:
-    k = 0
-    idle_defer_since = None
-    while not cluster.done:
-        t = k * dt
-        cluster.advance_to(t)
-        deferred = _route_all(cluster, router)
-        if not cluster.queue:
-            idle_defer_since = None
-            if cluster.all_arrived:
-                cluster.run_to_completion()
-                break
-            k = max(k + 1, math.ceil(cluster.next_arrival_s / dt))
-            continue
-        if deferred and cluster.all_arrived and all(e.idle() for e in cluster.engines):
-            idle_defer_since = t if idle_defer_since is None else idle_defer_since
-            if t - idle_defer_since > _MAX_IDLE_DEFER_S:
+    def on_hold(cluster: Cluster, t: float) -> None:
+        if cluster.all_arrived and all(e.idle() for e in cluster.engines):
+            since[0] = t if since[0] is None else since[0]
+            if t - since[0] > _MAX_IDLE_DEFER_S:
                 raise RuntimeError(f"router {router.name!r} keeps deferring on an idle cluster "
-                                   f"(since t={idle_defer_since:.3f} s)")
+                                   f"(since t={since[0]:.3f} s)")
         else:
-            idle_defer_since = None
-        k += 1
+            since[0] = None
+
+    return on_hold

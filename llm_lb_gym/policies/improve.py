@@ -6,15 +6,15 @@ expert in expert iteration). From a state (a cluster with requests at the router
 candidate action - route the queued request at position ``p`` to instance ``i``, or hold
 (``None``) - copy the cluster, apply the action, and continue with the *base* router (any
 registered router with its own options, e.g. ``late_binding`` as tuned for the setting) for
-``horizon_s`` simulated seconds on the decision grid the env uses; then score what happened:
+``plan_horizon_s`` simulated seconds on the decision grid the env uses; then score what happened:
 
-- ``score="drain"`` (default): arrivals stop at ``t + horizon_s``, the base routes what still
+- ``score="drain"`` (default): arrivals stop at ``t + plan_horizon_s``, the base routes what still
   waits and every instance runs until idle; the score is the integral over ``[t, inf)`` of the
   number of requests in the system, i.e. the remaining time in the system of every request that
-  arrived by ``t + horizon_s``. The drain is the terminal estimate of the work left at the
+  arrived by ``t + plan_horizon_s``. The drain is the terminal estimate of the work left at the
   horizon: without it a request parked behind a queue longer than the horizon costs the same on
   every instance, so short horizons would be myopic.
-- ``score="window"``: the integral over ``[t, t + horizon_s]`` only.
+- ``score="window"``: the integral over ``[t, t + plan_horizon_s]`` only.
 
 By Little's law the integral over a whole episode is the sum of the requests' latencies, so a
 candidate's score is what it adds to the total E2E of the requests it can see, and the
@@ -36,7 +36,7 @@ numbers), ``samples`` of them; :meth:`RolloutImprovement.score` returns the whol
 same uniforms (Poisson arrivals only; any other workload is refused with a named error).
 
 Cost per state: ``len(candidates) * samples`` rollouts (a cluster copy, ~0.5 ms, plus
-``horizon_s`` seconds of simulation and the drain). Parallelism is across states (one episode's
+``plan_horizon_s`` seconds of simulation and the drain). Parallelism is across states (one episode's
 states per worker process): see ``agents.policy_iteration``.
 """
 
@@ -53,13 +53,12 @@ import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
 from ..sim.request import RequestTable, Status
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, decide_on_grid, drain, grid_index_of  # noqa: F401 (drain: lookahead re-exports it)
 from .drive import decide
 
 _REJECTED = int(Status.REJECTED)
 _DONE = (Status.FINISHED, Status.REJECTED)
 SCORES = ("window", "drain")
-GRID_SLACK = 1e-9
-"""Decision times are k * interval; a cluster time meant to be a grid point may sit a few ulps off."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class ImprovementOptions:
     """Registered router that decides inside the rollouts (any but ``lookahead``)."""
     base_options: Mapping[str, Any] = field(default_factory=dict)
     """The base router's own options (e.g. the setting's tuned ``late_binding`` options)."""
-    horizon_s: float = 2.0
+    plan_horizon_s: float = 2.0
     """Simulated seconds of arrivals each candidate is rolled out for."""
     samples: int = 4
     """Imagined futures per state (``see_future=False``); all candidates share them."""
@@ -78,7 +77,7 @@ class ImprovementOptions:
     """``drain`` (window plus the terminal cost of the work left) or ``window``."""
     antithetic: bool = False
     """Pair the imagined futures antithetically (Poisson arrivals; needs an even ``samples``)."""
-    decision_interval_s: float = 0.02
+    decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     """The decision grid of the rollouts; must be the env's."""
 
     def __post_init__(self) -> None:
@@ -92,7 +91,7 @@ class ImprovementOptions:
             raise ConfigError(f"{p}.base_options={self.base_options!r} must be a mapping of "
                               f"{self.base!r}'s options")
         make_router(self.base, **dict(self.base_options))   # names a bad option or value
-        check_range(f"{p}.horizon_s", self.horizon_s, 0.0, lo_open=True)
+        check_range(f"{p}.plan_horizon_s", self.plan_horizon_s, 0.0, lo_open=True)
         check_range(f"{p}.decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
         check_int(f"{p}.samples", self.samples, 1)
         check_choice(f"{p}.score", self.score, SCORES)
@@ -136,70 +135,40 @@ def copy_cluster(cluster):
 
 
 # --------------------------------------------------------------------------- rollouts
-def route_while_base_agrees(cluster, base) -> None:
-    """``drive.decide`` in a loop without its checks (a registered router's choices are valid):
-    rollouts make hundreds of these calls per decision."""
-    queue = cluster.queue
+def base_route_all(base):
+    """The clock's ``route_all`` for a registered router: ``drive.decide`` in a loop without
+    its checks (a registered router's choices are valid); rollouts make hundreds of these calls
+    per decision, so the calling convention is looked up once."""
     pick = getattr(base, "select_from_queue", None)
     if pick is None:
         select = base.select
-        while queue:
-            inst = select(cluster, queue[0])
-            if inst is None:
-                return
-            cluster.route(inst)
+
+        def route_all(cluster) -> None:
+            queue = cluster.queue
+            while queue:
+                inst = select(cluster, queue[0])
+                if inst is None:
+                    return
+                cluster.route(inst)
     else:
-        while queue:
-            choice = pick(cluster)
-            if choice is None:
-                return
-            cluster.route(choice[1], choice[0])
+        def route_all(cluster) -> None:
+            queue = cluster.queue
+            while queue:
+                choice = pick(cluster)
+                if choice is None:
+                    return
+                cluster.route(choice[1], choice[0])
+    return route_all
 
 
-def rollout(cluster, base, k: int, dt: float, t_end: float) -> int:
-    """Run ``cluster`` to ``t_end`` with ``base`` deciding at grid points ``k, k+1, ...``
-    (``k * dt`` at or before ``cluster.t`` means: decide now), as ``drive.run_router`` does.
-    Returns the first grid point left undecided."""
-    queue = cluster.queue
-    while True:
-        t = k * dt
-        if t >= t_end:
-            break
-        if t > cluster.t:
-            cluster.advance_to(t)
-        route_while_base_agrees(cluster, base)
-        if queue:
-            k += 1
-            continue
-        nxt = cluster.next_arrival_s
-        if nxt >= t_end:
-            k += 1
-            break
-        k1 = max(k + 1, math.ceil(nxt / dt))
-        while k1 * dt < nxt:            # the env's rounding of "first grid point at or after"
-            k1 += 1
-        while k1 - 1 > k and (k1 - 1) * dt >= nxt:
-            k1 -= 1
-        k = k1
+def rollout(cluster, route_all, k: int, dt: float, t_end: float) -> int:
+    """Run ``cluster`` to ``t_end`` with ``route_all`` (:func:`base_route_all`) deciding at grid
+    points ``k, k+1, ...`` (``k * dt`` at or before ``cluster.t`` means: decide now) on the
+    decision clock (``sim.clock``). Returns the first grid point left undecided."""
+    k = decide_on_grid(cluster, route_all, k, dt, t_end)
     if cluster.t < t_end:
         cluster.advance_to(t_end)
     return k
-
-
-def drain(cluster, base, k: int, dt: float) -> None:
-    """No more arrivals: route what waits in the router queue with ``base`` at grid points
-    ``k, k+1, ...``, then run every instance until it is idle."""
-    if cluster._next < cluster.table.n:
-        cluster.table.arrival_s[cluster._next] = math.inf    # arrivals are taken in id order
-    queue = cluster.queue
-    while queue:
-        t = k * dt
-        if t > cluster.t:
-            cluster.advance_to(t)
-        route_while_base_agrees(cluster, base)
-        k += 1
-    for e in cluster.engines:
-        e.advance_to(math.inf)
 
 
 def in_system_integral(table, lo: int, hi: int, t0: float, t1: float) -> float:
@@ -281,13 +250,14 @@ class RolloutImprovement:
         o = self.options
         lo = self.first_unfinished(cluster)
         t, dt = cluster.t, o.decision_interval_s
-        t_end = t + o.horizon_s
-        k0 = math.floor(t / dt + GRID_SLACK)
+        t_end = t + o.plan_horizon_s
+        k0 = grid_index_of(t, dt)
         if base_seed is None:
             base_seed = int(rng.integers(2**63))
         drain_to_end = o.score == "drain"
         out = np.empty((o.samples, len(candidates)))
         base = self.base
+        route_all = base_route_all(base)
         m = len(cluster.engines)
         u = None
         for s in range(o.samples):
@@ -307,10 +277,10 @@ class RolloutImprovement:
                     c.route(cand[1], cand[0])
                     k = k0
                 base.reset(np.random.default_rng(base_seed), m)
-                k = rollout(c, base, k, dt, t_end)
+                k = rollout(c, route_all, k, dt, t_end)
                 hi = c._next
                 if drain_to_end:
-                    drain(c, base, k, dt)
+                    drain(c, route_all, k, dt)
                 out[s, j] = in_system_integral(c.table, lo, hi, t, math.inf if drain_to_end else t_end)
         self.rollouts += o.samples * len(candidates)
         return out
@@ -341,9 +311,9 @@ class RolloutImprovement:
         tb.inv_ideal[lo:hi] = (1.0 / c.speeds.ideal_latency_s(prompt, pred)).tolist()
         return u
 
-    def _draw(self, horizon_s: float, room: int, rng, u=None):
+    def _draw(self, window_s: float, room: int, rng, u=None):
         """Imagined arrivals (seconds from now), prompt tokens, predicted decode tokens and task
-        ids: every arrival within ``horizon_s`` plus the first after it, at most ``room``.
+        ids: every arrival within ``window_s`` plus the first after it, at most ``room``.
         With ``antithetic`` the arrival gaps are re-drawn from uniforms ``u`` (given: the
         mirrored ones of the pair's first future) at the workload's mean rate."""
         parts, offset, n = [], 0.0, self._n_draw
@@ -367,10 +337,10 @@ class RolloutImprovement:
                 arr = offset + b.arrival_s[1:]     # drop the draw's request at 0 s
             parts.append((arr, b.prompt_tokens[1:], np.maximum(1.0, pred[1:]), b.task_id[1:]))
             total += n
-            if arr[-1] > horizon_s or total >= room:
+            if arr[-1] > window_s or total >= room:
                 break
             offset, n = arr[-1], 2 * n
         arr, prompt, pred, task = (np.concatenate(x) for x in zip(*parts))
-        cut = min(int(np.searchsorted(arr, horizon_s, side="right")) + 1, room)
+        cut = min(int(np.searchsorted(arr, window_s, side="right")) + 1, room)
         self._n_draw = max(self._n_draw, cut + cut // 4)
         return arr[:cut], prompt[:cut], pred[:cut], task[:cut], (np.concatenate(us) if us else None)

@@ -53,15 +53,20 @@ _TICK_SLACK = 1e-9   # a grid time a few ulps below a tick counts as the tick (a
 
 @dataclass(frozen=True)
 class LateBindingOptions:
-    period_s: float = 1.0
+    """Defaults: the options tuned for the default setting (4 x V100, task mix, 20 req/s; tuned
+    on validation seeds with ``experiments.tune_late_binding``). Other settings set theirs in
+    their experiment's ``eval.policy_options.late_binding`` (conf/experiment/*.yaml), which every
+    entry point reads; MCU's rule is ``period_s=1.0, rounds=global, reserve=full``."""
+
+    period_s: float = 0.1
     """Time between release rounds; 0 releases at every decision time."""
     order: str = "shortest"
     """Which eligible request goes next: shortest (predicted ideal latency) or oldest."""
-    reserve: str = "full"
+    reserve: str = "prompt"
     """KV a released request is counted to need: full (prompt + predicted decode) or prompt."""
     max_wait_s: float | None = None
     """Requests waiting longer than this at the router go first, oldest first (None: no bound)."""
-    rounds: str = "global"
+    rounds: str = "since_release"
     """``global``: rounds at k * period_s on the clock (MCU's). ``since_release``: a round opens
     once period_s has passed since the router last released a request and stays open for the
     rest of that decision time: the same batching, but a function of what the env observes

@@ -4,18 +4,19 @@ At a decision the router enumerates its candidate actions: route the router-queu
 instance ``i``, or defer it one decision interval (with ``candidates=k > 1`` also route each of
 the ``k - 1`` other queued requests of shortest predicted ideal latency to each instance). For
 every candidate it copies the cluster (``copy_cluster``), applies the action, and simulates
-``horizon_s`` seconds ahead with a base heuristic (``base``) deciding on the decision grid
+``plan_horizon_s`` seconds ahead with a base heuristic (``base``) deciding on the decision grid
 ``k * decision_interval_s`` (with its own options, ``base_options``: e.g. the setting's
-tuned ``late_binding``) exactly as the env and ``drive.run_router`` do: after a route the
-next decision is at the same time while requests wait, a deferral waits one interval, an empty
-queue waits for the first grid point at or after the next arrival.
+tuned ``late_binding``) on the decision clock the env and ``drive.run_router`` use
+(``sim/clock.py``): after a route the next decision is at the same time while requests wait, a
+deferral waits one interval, an empty queue waits for the first grid point at or after the next
+arrival.
 
 Score (lower is better), computed exactly from the copy's arrival and finish timestamps:
-- ``score="window"``: the time integral over ``[t, t + horizon_s]`` of the number of requests
+- ``score="window"``: the time integral over ``[t, t + plan_horizon_s]`` of the number of requests
   in the system (arrived, neither finished nor rejected).
 - ``score="drain"`` (default): after the window, arrivals stop, the base routes what waits and
   every instance runs until idle; the score is the integral over ``[t, inf)`` of the same count,
-  i.e. the remaining time in the system of every request that arrived by ``t + horizon_s``.
+  i.e. the remaining time in the system of every request that arrived by ``t + plan_horizon_s``.
   The drain is a terminal cost: in the window score a request parked behind a queue longer than
   the horizon costs the same on every instance, so the window cannot tell a short queue from a
   long one beyond the horizon. Measured: with the window score the router is no better than
@@ -52,8 +53,8 @@ cloning or reward guidance; and a reference for the headroom: what planning with
 itself gains over the heuristics, so roughly what a learned router might hope to gain.
 
 Cost per decision: ``(k m + 1) * samples`` rollouts (a cluster copy, ~0.5 ms, and a simulation
-of ``horizon_s`` seconds plus the drain) and one workload draw. Measured on one core with the
-compiled engine, defaults (``horizon_s=5``, ``base=least_requests``, ``score=drain``), 3 x
+of ``plan_horizon_s`` seconds plus the drain) and one workload draw. Measured on one core with the
+compiled engine, defaults (``plan_horizon_s=5``, ``base=least_requests``, ``score=drain``), 3 x
 2,000-request episodes, ``python -m experiments.bench_lookahead --horizons 5``:
 
     regime (4 x Llama-2-7B V100)       per decision median / p90   per episode   mean E2E vs RR
@@ -62,7 +63,7 @@ compiled engine, defaults (``horizon_s=5``, ``base=least_requests``, ``score=dra
     overloaded, 72 KV blocks, 20 req/s  55 ms / 93 ms               112 s         -10.4% (least_requests -0.6%)
 
 The drain dominates when instance queues are long (overloaded); the rest scales about linearly
-with ``horizon_s`` and the arrival rate.
+with ``plan_horizon_s`` and the arrival rate.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .._validate import ConfigError, check_choice, check_int, check_range
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S
 from ..sim.request import Status
 from .base import RouterBase
 from .drive import decide
@@ -84,7 +86,7 @@ from .improve import (SCORES, ImprovementOptions, RolloutImprovement, copy_clust
 
 @dataclass(frozen=True)
 class LookaheadOptions:
-    horizon_s: float = 5.0
+    plan_horizon_s: float = 5.0
     """Simulated seconds each candidate is rolled out for with arrivals (the window of its
     score; with ``score="drain"`` the requests arriving within it are followed to the end)."""
     base: str = "least_requests"
@@ -98,19 +100,19 @@ class LookaheadOptions:
     """Queued requests considered per decision: the head, plus the ``candidates - 1`` others of
     shortest predicted ideal latency (each tried on every instance)."""
     score: str = "drain"
-    """``window``: requests-in-system seconds within ``[t, t + horizon_s]``. ``drain``: then
+    """``window``: requests-in-system seconds within ``[t, t + plan_horizon_s]``. ``drain``: then
     stop arrivals and run to completion, and count the whole remaining time in the system of
-    every request that arrived by ``t + horizon_s`` (a terminal cost: a request parked behind
+    every request that arrived by ``t + plan_horizon_s`` (a terminal cost: a request parked behind
     a long queue costs what it will wait, even beyond the horizon)."""
     samples: int = 1
     """Imagined futures per decision (scores are averaged; cost scales with it). Only with
     ``see_future=False``: the real future is one."""
-    decision_interval_s: float = 0.02
+    decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     """The decision grid of the rollouts; must match the driver's (``make_env_router`` sets it
     from the env)."""
 
     def __post_init__(self) -> None:
-        check_range("router.lookahead.horizon_s", self.horizon_s, 0.0, lo_open=True)
+        check_range("router.lookahead.plan_horizon_s", self.plan_horizon_s, 0.0, lo_open=True)
         check_range("router.lookahead.decision_interval_s", self.decision_interval_s, 0.0, lo_open=True)
         check_int("router.lookahead.candidates", self.candidates, 1)
         check_choice("router.lookahead.score", self.score, SCORES)
@@ -135,7 +137,7 @@ class LookaheadOptions:
     def improvement(self) -> ImprovementOptions:
         """The rollout operator's options (``policies.improve``) these options describe."""
         return ImprovementOptions(base=self.base, base_options=dict(self.base_options),
-                                  horizon_s=self.horizon_s, samples=self.samples,
+                                  plan_horizon_s=self.plan_horizon_s, samples=self.samples,
                                   see_future=self.see_future, score=self.score,
                                   decision_interval_s=self.decision_interval_s)
 

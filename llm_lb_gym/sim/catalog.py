@@ -19,18 +19,12 @@ from functools import lru_cache
 
 from .._validate import ConfigError
 from .architecture import ARCHITECTURES, ModelArchitecture, from_hf_config
-from .gpus import GPUS, GPUDatasheet, get_gpu
-from .latency import PRESETS, HardwarePreset, ModelSpec, register_preset
-from .memory import kv_bytes_per_token_per_gpu, num_kv_blocks
+from .gpus import GPUS, GPUDatasheet, resolve_gpu
+from .latency import (DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, PRESETS,  # noqa: F401 (re-exported)
+                      HardwarePreset, register_preset)
 from .roofline import derive_fields, to_latency_model
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
-DEFAULT_MAX_MODEL_LEN = 8192
-"""Context window of catalog presets for models that allow more (Llama-3.1, Mistral, Qwen2): the
-common serving setting; a 128k window would make vLLM v0's token budget (and its activation
-peak) 128k. ``engine.max_model_len`` overrides it."""
-DEFAULT_MAX_NUM_SEQS = 128
-"""EngineConfig's default, used when a caller asks for blocks without an engine config."""
 
 _ROOFLINE_SOURCE = ("roofline from the architecture and the GPU datasheet (llm_lb_gym/sim/roofline.py) "
                     "with efficiency factors fitted on Vidur's A100/H100/A40 profiles by "
@@ -40,41 +34,15 @@ _ROOFLINE_SOURCE = ("roofline from the architecture and the GPU datasheet (llm_l
 
 @dataclass(frozen=True)
 class ArchitecturePreset(HardwarePreset):
-    """A preset built from a model architecture on ``tensor_parallel`` GPUs of one kind."""
+    """A preset whose latency coefficients come from the roofline (memory as every preset's)."""
 
-    architecture: ModelArchitecture = None  # type: ignore[assignment]
-    datasheet: GPUDatasheet = None  # type: ignore[assignment]
-    tensor_parallel: int = 1
     contract: tuple[tuple[str, float], ...] = ()
     """The nine iteration-time coefficients of the latency contract (empty when the latency
-    coefficients come from elsewhere, as for llama2-7b-v100-16gb)."""
+    coefficients come from elsewhere)."""
 
     @property
     def contract_fields(self) -> dict[str, float]:
         return dict(self.contract)
-
-    @property
-    def model_spec(self) -> ModelSpec:
-        a = self.architecture
-        return ModelSpec(a.name, a.weight_bytes / self.tensor_parallel,
-                         kv_bytes_per_token_per_gpu(a, self.tensor_parallel),
-                         min(a.max_model_len, DEFAULT_MAX_MODEL_LEN))
-
-    @property
-    def gpu_spec(self) -> GPUDatasheet:  # type: ignore[override]
-        return self.datasheet
-
-    def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float,
-                      max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> int:
-        """KV blocks from memory as vLLM computes them (weights, activation peak of a max-size
-        prefill, non-torch reserve)."""
-        if max_num_batched_tokens is None:
-            max_num_batched_tokens = max(self.model_spec.max_model_len, 2048)
-        return num_kv_blocks(
-            self.architecture, self.datasheet, self.tensor_parallel, block_size=block_size,
-            gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs,
-            what=f"preset {self.name}")
 
 
 def preset_name(model: str, gpu: str, tp: int) -> str:
@@ -116,11 +84,11 @@ def catalog() -> list[ArchitecturePreset]:
     return out
 
 
-def v100_16gb_preset() -> ArchitecturePreset:
+def v100_16gb_preset() -> HardwarePreset:
     """Llama-2-7B on a 16 GB V100: the current llama2-7b-v100 latency coefficients (derived from the
     paper's anchors, see docs/calibration.md) and the KV cache from the memory model."""
     base = PRESETS["llama2-7b-v100"]
-    return ArchitecturePreset(
+    return HardwarePreset(
         name="llama2-7b-v100-16gb", model="llama2-7b", gpu="v100-16gb", latency=base.latency,
         source=(f"latency: the llama2-7b-v100 preset's coefficients ({base.source}); KV cache from "
                 "memory as vLLM computes it, V100 SXM2 16 GB (llm_lb_gym/sim/memory.py, "
@@ -135,11 +103,14 @@ def register_catalog() -> None:
 
 
 @lru_cache(maxsize=32)
-def custom_preset(model_config: str, gpu: str, tensor_parallel: int = 1) -> ArchitecturePreset:
-    """A roofline preset for any Hugging Face ``config.json`` (a path or its folder).
+def custom_preset(model_config: str, gpu: str | GPUDatasheet, tensor_parallel: int = 1) -> ArchitecturePreset:
+    """A roofline preset for a built-in architecture name (``architecture.ARCHITECTURES``) or any
+    Hugging Face ``config.json`` (a path or its folder), on a built-in GPU (by name) or a
+    declared one (``gpus.declare_gpu``).
 
     Cached: an engine config asks for its preset often, and the file should be read once.
     """
-    arch = from_hf_config(model_config)
-    return build_preset(arch, get_gpu(gpu), tensor_parallel,
-                        name=f"{model_config}/{gpu}/tp{tensor_parallel}")
+    arch = ARCHITECTURES[model_config] if model_config in ARCHITECTURES else from_hf_config(model_config)
+    sheet = resolve_gpu(gpu)
+    return build_preset(arch, sheet, tensor_parallel,
+                        name=f"{model_config}/{sheet.name}/tp{tensor_parallel}")

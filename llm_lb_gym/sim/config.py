@@ -19,7 +19,7 @@ from .._validate import ConfigError, check_bool, check_choice, check_int, check_
 from ..limits import MAX_CONTEXT_TOKENS, MAX_INSTANCES, MAX_TOKENS
 from .batching import SCHEDULERS
 from .catalog import custom_preset
-from .gpus import GPUS
+from .gpus import GPUS, GPUDatasheet, resolve_gpu
 from .latency import HardwarePreset, LatencyModel, get_preset
 
 
@@ -58,10 +58,12 @@ class EngineConfig:
     forward pass (e.g. vLLM's async output processing / multi-step scheduling) and compares with
     profile simulators that leave the CPU side out."""
     model_config: str | None = None
-    """Path to a Hugging Face config.json (or its folder): a roofline preset of that architecture on
-    ``gpu`` x ``tensor_parallel`` replaces ``preset`` (llm_lb_gym/sim/catalog.py)."""
-    gpu: str | None = None
-    """GPU of ``model_config`` (a name of llm_lb_gym.sim.gpus.GPUS)."""
+    """A built-in architecture name (llm_lb_gym.sim.architecture.ARCHITECTURES) or the path to a
+    Hugging Face config.json (or its folder): a roofline preset of that architecture on ``gpu`` x
+    ``tensor_parallel`` replaces ``preset`` (llm_lb_gym/sim/catalog.py)."""
+    gpu: str | GPUDatasheet | None = None
+    """GPU of ``model_config``: a name of llm_lb_gym.sim.gpus.GPUS, or a GPU declared by its
+    datasheet fields (a mapping, ``gpus.declare_gpu``; docs/hardware.md)."""
     tensor_parallel: int = 1
     """GPUs per instance for ``model_config``."""
     enable_prefix_caching: bool = False
@@ -74,7 +76,10 @@ class EngineConfig:
             raise ConfigError("engine.gpu and engine.tensor_parallel apply to engine.model_config only; "
                               "catalog presets name them: engine.preset=<model>/<gpu>/tp<k>")
         if self.model_config is not None and self.gpu is None:
-            raise ConfigError("engine.model_config needs engine.gpu; allowed: " + ", ".join(GPUS))
+            raise ConfigError("engine.model_config needs engine.gpu; allowed: " + ", ".join(GPUS)
+                              + ", or a mapping of datasheet fields (docs/hardware.md)")
+        if self.gpu is not None and not isinstance(self.gpu, str):
+            object.__setattr__(self, "gpu", resolve_gpu(self.gpu, "engine.gpu"))
         self.hardware  # validates the preset name (or the custom model on its GPU)
         check_int("engine.block_size", self.block_size, 1, MAX_CONTEXT_TOKENS)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)

@@ -7,9 +7,10 @@ calibrated on the profiled ones (A100, H100, A40; ``roofline.py``). Peaks are NV
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
 
-from .._validate import check_choice, check_range, lookup
+from .._validate import ConfigError, check_choice, check_range, lookup
 
 GIB = 1024 ** 3
 INTERCONNECTS = ("nvlink", "pcie")
@@ -75,3 +76,55 @@ PROFILED_GPUS = {"a100": "a100-80gb", "h100": "h100-80gb", "a40": "a40"}
 def get_gpu(name: str) -> GPUDatasheet:
     """Datasheet by name; the error lists the valid names."""
     return lookup("gpu", GPUS, name)
+
+
+def declare_gpu(spec: Mapping[str, Any], where: str = "engine.gpu") -> GPUDatasheet:
+    """A GPU that is not in ``GPUS``, declared by its datasheet fields (a mapping with every
+    field of :class:`GPUDatasheet`), e.g. in YAML::
+
+        engine:
+          model_config: llama2-7b          # a built-in architecture or a config.json path
+          gpu: {name: a30, memory_bytes: 25.2e9, memory_bandwidth_bytes_s: 933e9,
+                fp16_flops: 165e12, interconnect_bytes_s: 32e9, interconnect: pcie}
+
+    Errors name ``where.<field>`` and the allowed values. A declared GPU may reuse a built-in
+    name only with the built-in's figures (otherwise two GPUs would answer to one name)."""
+    names = [f.name for f in fields(GPUDatasheet)]
+    unknown = sorted(str(k) for k in spec if k not in names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+    missing = [n for n in names if n not in spec]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; a declared GPU needs all of "
+                          f"{', '.join(names)} (or name a built-in GPU: {', '.join(GPUS)})")
+    name = spec["name"]
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"{where}.name={name!r} must be a non-empty string without '/'")
+    values: dict[str, Any] = {"name": name, "interconnect": spec["interconnect"]}
+    for n in names:
+        if n in values:
+            continue
+        v = spec[n]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{where}.{n}={v!r} must be a positive number")
+        values[n] = float(v)
+    try:
+        gpu = GPUDatasheet(**values)
+    except ConfigError as exc:    # the datasheet names its fields gpu.<field>
+        raise ConfigError(str(exc).replace("gpu.", f"{where}.", 1)) from None
+    if name in GPUS and GPUS[name] != gpu:
+        raise ConfigError(f"{where}.name={name!r} is a built-in GPU with other figures ({GPUS[name]}); "
+                          "give the declared GPU its own name")
+    return gpu
+
+
+def resolve_gpu(gpu: str | GPUDatasheet | Mapping[str, Any], where: str = "engine.gpu") -> GPUDatasheet:
+    """A built-in GPU by name, a datasheet as is, or a declared one (:func:`declare_gpu`)."""
+    if isinstance(gpu, GPUDatasheet):
+        return gpu
+    if isinstance(gpu, str):
+        return get_gpu(gpu)
+    if isinstance(gpu, Mapping):
+        return declare_gpu(gpu, where)
+    raise ConfigError(f"{where}={gpu!r} must be a GPU name ({', '.join(GPUS)}) or a mapping of "
+                      "datasheet fields")

@@ -49,7 +49,10 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from .._validate import ConfigError, check_int, check_range, lookup
+from .._validate import ConfigError, check_int, check_range
+from .architecture import ModelArchitecture, get_architecture
+from .gpus import GPUDatasheet, get_gpu
+from .memory import kv_bytes_per_token_per_gpu, num_kv_blocks
 
 
 def causal_pairs(chunk_tokens: int, cached_tokens: int = 0) -> int:
@@ -242,76 +245,73 @@ def _segments(value) -> tuple[tuple[int, float], ...]:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What the KV-cache sizing needs to know of a model."""
+    """What the engine needs to know of a model on its GPUs (derived from the architecture)."""
 
     name: str
     weight_bytes: float
-    """Bytes of the weights in fp16 (2 x parameters)."""
+    """Bytes of the weights per GPU (dtype bytes x parameters / tensor parallel)."""
     kv_bytes_per_token: int
-    """2 (K and V) x layers x KV heads x head dim x 2 bytes."""
+    """KV bytes per token per GPU: 2 (K and V) x layers x KV heads per GPU x head dim x dtype bytes."""
     max_model_len: int
-    """Context window (prompt + output tokens) of the model."""
+    """Context window (prompt + output tokens) served."""
 
 
-@dataclass(frozen=True)
-class GPUSpec:
-    name: str
-    memory_bytes: float
-    activation_reserve_bytes: float
-    """Memory vLLM's profiling run keeps for activations and the CUDA graph pool."""
-
-
-GIB = 1024 ** 3
-
-MODELS: dict[str, ModelSpec] = {
-    # Llama-2-7B: 6.74e9 parameters, 32 layers, 32 KV heads of 128 -> 2*32*32*128*2 = 524,288 B.
-    "llama2-7b": ModelSpec("llama2-7b", 2 * 6.74e9, 2 * 32 * 32 * 128 * 2, 4096),
-    # Llama-3(.1)-8B: 8.03e9 parameters, 32 layers, GQA with 8 KV heads of 128 -> 131,072 B.
-    # max_model_len 8192: the common serving setting (the model allows 128k).
-    "llama3-8b": ModelSpec("llama3-8b", 2 * 8.03e9, 2 * 32 * 8 * 128 * 2, 8192),
-}
-
-GPUS: dict[str, GPUSpec] = {
-    "v100": GPUSpec("v100", 32 * GIB, 1.5 * GIB),
-    "a100": GPUSpec("a100", 80 * GIB, 2.0 * GIB),
-    "h100": GPUSpec("h100", 80 * GIB, 2.0 * GIB),
-}
+DEFAULT_MAX_MODEL_LEN = 8192
+"""Context window of presets for models that allow more (Llama-3.1, Mistral, Qwen2): the
+common serving setting; a 128k window would make vLLM v0's token budget (and its activation
+peak) 128k. ``engine.max_model_len`` overrides it."""
+DEFAULT_MAX_NUM_SEQS = 128
+"""EngineConfig's default, used when a caller asks for blocks without an engine config."""
 
 
 @dataclass(frozen=True)
 class HardwarePreset:
-    """A (model, GPU) pair with its latency coefficients and where they come from."""
+    """A model architecture on ``tensor_parallel`` GPUs of one kind, with its latency
+    coefficients and where they come from. The one hardware model: memory sizes (weights, KV
+    bytes, KV blocks) always come from the architecture and the GPU datasheet as vLLM's memory
+    profile derives them (``memory.py``); only the latency coefficients differ between the
+    hand-fitted presets below and the roofline ones of the catalog (``catalog.py``)."""
 
     name: str
     model: str
+    """Architecture name (``architecture.ARCHITECTURES``) or a config.json path."""
     gpu: str
+    """GPU datasheet name (``gpus.GPUS``) or a declared GPU's name."""
     latency: LatencyModel
     source: str
+    architecture: ModelArchitecture = None  # type: ignore[assignment]
+    """Filled from ``model`` when not given."""
+    datasheet: GPUDatasheet = None  # type: ignore[assignment]
+    """Filled from ``gpu`` when not given (a declared GPU is passed here)."""
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if self.architecture is None:
+            object.__setattr__(self, "architecture", get_architecture(self.model))
+        if self.datasheet is None:
+            object.__setattr__(self, "datasheet", get_gpu(self.gpu))
 
     @property
     def model_spec(self) -> ModelSpec:
-        return lookup("model", MODELS, self.model)
+        a, tp = self.architecture, self.tensor_parallel
+        return ModelSpec(a.name, a.weight_bytes / tp, kv_bytes_per_token_per_gpu(a, tp),
+                         min(a.max_model_len, DEFAULT_MAX_MODEL_LEN))
 
     @property
-    def gpu_spec(self) -> GPUSpec:
-        return lookup("gpu", GPUS, self.gpu)
+    def gpu_spec(self) -> GPUDatasheet:
+        return self.datasheet
 
     def num_kv_blocks(self, block_size: int, gpu_memory_utilization: float,
                       max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None) -> int:
-        """KV blocks left after weights and activations, as vLLM's profiling run derives them.
-
-        These hand-set presets keep a fixed activation reserve and ignore the batch limits; the
-        catalog presets (``catalog.py``) estimate the activation peak from them."""
-        m, g = self.model_spec, self.gpu_spec
-        free = g.memory_bytes * gpu_memory_utilization - m.weight_bytes - g.activation_reserve_bytes
-        blocks = int(free // (m.kv_bytes_per_token * block_size))
-        if blocks < 1:
-            raise ConfigError(
-                f"preset {self.name}: no memory left for the KV cache at "
-                f"engine.gpu_memory_utilization={gpu_memory_utilization} with engine.block_size="
-                f"{block_size}; raise gpu_memory_utilization (up to 1.0) or set engine.num_kv_blocks"
-            )
-        return blocks
+        """KV blocks from memory as vLLM computes them (weights, activation peak of a max-size
+        prefill, non-torch reserve: ``memory.num_kv_blocks``)."""
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(self.model_spec.max_model_len, 2048)
+        return num_kv_blocks(
+            self.architecture, self.datasheet, self.tensor_parallel, block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=DEFAULT_MAX_NUM_SEQS if max_num_seqs is None else max_num_seqs,
+            what=f"preset {self.name}")
 
 
 # Coefficients: experiments/calibrate.py prints the fit; docs/calibration.md has sources and errors.
@@ -344,7 +344,7 @@ _FIT = ("GEMM tile and knee (up to 2x the ridge point) by grid search, the other
 _CPU = dict(cpu_base_s=9.433e-4, cpu_seq_s=4.918e-5)
 
 register_preset(HardwarePreset(
-    "llama2-7b-v100", "llama2-7b", "v100",
+    "llama2-7b-v100", "llama2-7b", "v100-32gb",
     LatencyModel(base_s=0.01444, token_s=1.101e-4, compute_token_s=2.157e-4, knee_tokens=165.2,
                  prefill_attn_s=1.962e-8, decode_seq_s=0.0, decode_ctx_s=7.711e-7, **_CPU),
     source=("fitted to the paper's three V100 figures (arXiv 2408.13510: grad1 3.2e-4 s/token as the "
@@ -354,7 +354,7 @@ register_preset(HardwarePreset(
             "CPU terms; experiments/paper_v100.py via experiments/calibrate.py, docs/calibration.md"),
 ))
 register_preset(HardwarePreset(
-    "llama2-7b-a100", "llama2-7b", "a100",
+    "llama2-7b-a100", "llama2-7b", "a100-80gb",
     LatencyModel(base_s=0.009502, token_s=5.661e-5,
                  token_segments=((16, 3.371e-5), (32, 0.0), (64, 3.524e-5), (128, 5.458e-5), (256, 2.757e-5),
                                  (512, 2.696e-5), (1024, 3.092e-5), (2048, 3.704e-5)),
@@ -364,7 +364,7 @@ register_preset(HardwarePreset(
     source=f"{_VIDUR}: a100 Llama-2-7b-hf mlp.csv, attention medians, CPU overheads; {_FIT}",
 ))
 register_preset(HardwarePreset(
-    "llama3-8b-a100", "llama3-8b", "a100",
+    "llama3-8b-a100", "llama3.1-8b", "a100-80gb",
     LatencyModel(base_s=0.009845, token_s=1.297e-4,
                  token_segments=((16, 3.363e-5), (32, 0.0), (64, 2.541e-5), (128, 5.758e-5), (256, 2.352e-5),
                                  (512, 4.745e-5), (1024, 3.502e-5), (2048, 4.072e-5)),
@@ -375,7 +375,7 @@ register_preset(HardwarePreset(
             f"(decode KV-read part x 8/32 KV heads); {_FIT}"),
 ))
 register_preset(HardwarePreset(
-    "llama2-7b-h100", "llama2-7b", "h100",
+    "llama2-7b-h100", "llama2-7b", "h100-80gb",
     LatencyModel(base_s=0.00573, token_s=4.019e-5,
                  token_segments=((16, 1.704e-5), (32, 0.0), (64, 4.94e-7), (128, 2.444e-5), (256, 1.302e-5),
                                  (512, 1.23e-5), (1024, 1.113e-5), (2048, 1.721e-5)),

@@ -138,6 +138,20 @@ class RequestTable:
         self.kv_refs: list[int] = [0] * n        # leading hash blocks it holds references on
         self.cached_tokens: list[int] = [0] * n  # prompt tokens reused at its latest admission
 
+    @classmethod
+    def from_batch(cls, batch, pred_decode_tokens=None, **columns) -> "RequestTable":
+        """The one builder of an episode's table from a request batch (anything with the columns
+        of ``workload.batch.RequestBatch``; ``sim.simulate.RequestBatch`` is the protocol).
+        Predictions default to the true lengths (oracle); ``columns`` are the optional columns
+        of the constructor (buckets, ``inv_ideal_s``, SLO deadlines, ``count_slo``)."""
+        pred = batch.decode_tokens if pred_decode_tokens is None else pred_decode_tokens
+        if len(pred) != len(batch.arrival_s):
+            raise ValueError(f"pred_decode_tokens has {len(pred)} rows, expected "
+                             f"{len(batch.arrival_s)} (one per request)")
+        return cls(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred, batch.task_id,
+                   prefix_hashes=batch.prefix_hashes, hash_block_tokens=batch.hash_block_tokens,
+                   **columns)
+
     def row(self, rid: int) -> Request:
         return Request(rid, self.arrival_s[rid], self.prompt[rid], self.decode[rid], self.pred[rid],
                        self.task_id[rid], Status(self.status[rid]), self.instance[rid],

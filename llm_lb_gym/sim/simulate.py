@@ -10,6 +10,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
+from .clock import run_on_arrival
 from .cluster import Cluster
 from .config import ClusterConfig
 from .request import RequestTable
@@ -41,29 +42,18 @@ def round_robin_route() -> RouteFn:
     return route
 
 
-def make_table(batch: RequestBatch, pred_decode_tokens=None) -> RequestTable:
-    pred = batch.decode_tokens if pred_decode_tokens is None else pred_decode_tokens
-    return RequestTable(batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, pred, batch.task_id,
-                        prefix_hashes=batch.prefix_hashes, hash_block_tokens=batch.hash_block_tokens)
-
-
 def simulate(batch: RequestBatch, cfg: ClusterConfig, route: RouteFn | None = None, *,
              table: RequestTable | None = None, check: bool = False) -> Cluster:
     """Route every request at its arrival time with ``route`` (round robin by default) and run
     the cluster until every request has finished or been rejected."""
     route = route or round_robin_route()
-    table = table or make_table(batch)
+    table = table or RequestTable.from_batch(batch)
     cluster = Cluster(cfg, table, check=check)
-    arrivals = table.arrival_s
-    n, i = table.n, 0
-    while i < n:
-        t = arrivals[i]
-        cluster.advance_to(t)
-        while cluster.queue:
-            cluster.route(route(cluster, cluster.queue[0]))
-        while i < n and arrivals[i] <= t:
-            i += 1
-    cluster.run_to_completion()
+
+    def route_all(c: Cluster) -> None:
+        while c.queue:
+            c.route(route(c, c.queue[0]))
+
+    run_on_arrival(cluster, route_all)
     assert cluster.done, "simulation ended with requests neither finished nor rejected"
     return cluster
-
