@@ -327,7 +327,8 @@ def test_evaluate_counts_rejected_and_unfinished_requests_as_misses(tmp_path, mo
     rr = _cells(ev["table"], "round_robin")
     assert rr["rejected"] == "20" and 0.0 < float(rr["SLO met (%)"]) <= 100 * 10 / 30
     monkeypatch.setattr(agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
-    cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8)
+    cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8,
+                    action={"masked": "as_taken"})   # its defers taken as given (no fallback)
     cfg.agents = {"deferrer": {"kind": "dqn", "path": "unused"}}
     table = evaluate(cfg, out=tmp_path / "b")["table"]
     cells = _cells(table, "deferrer")

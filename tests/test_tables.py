@@ -92,7 +92,8 @@ def test_evaluate_warns_on_rejections_and_names_the_trace(tmp_path, capsys):
 
 
 class _Deferrer:
-    """An 'agent' that always defers (action m = 2 here): cut by the step limit."""
+    """An 'agent' that always defers (action m = 2 here): with ``action.masked="as_taken"`` it
+    is cut by the step limit (the default ``fallback`` would route its masked defers)."""
 
     def predict(self, observation, deterministic=True):
         return np.array(2), None
@@ -102,7 +103,8 @@ def test_evaluate_counts_requests_left_at_the_step_limit(tmp_path, monkeypatch):
     import agents.factory
 
     monkeypatch.setattr(agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
-    cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8)
+    cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8,
+                    action={"masked": "as_taken"})   # its defers taken as given (no fallback)
     cfg.agents = {"deferrer": {"kind": "dqn", "path": "unused"}}
     ev = evaluate(cfg, out=tmp_path / "eval")
     cells = _cells(ev["table"], "deferrer")
