@@ -99,13 +99,14 @@ def improve(cfg, out: Path | None = None) -> dict:
     rows = ev["rows"]
     vs_rr = paired_rows(rows, NAME, "round_robin")
     vs_teacher = paired_rows(rows, NAME, pc.teacher)
+    vs_each = {p: paired_rows(rows, NAME, p) for p in cfg.test.policies}
     teacher_vs_rr = paired_rows(rows, pc.teacher, "round_robin")
     decision_ms = decision_time_ms(kw, path, int(cfg.test.seed))
     summary = {
         "best_round": res["best_round"], "history": res["history"], "train_wall_s": round(train_wall, 1),
         "test_wall_s": round(time.perf_counter() - t1, 1),
         "change_vs_round_robin_pct": vs_rr, "teacher_change_vs_round_robin_pct": teacher_vs_rr,
-        "change_vs_teacher_pct": vs_teacher, "decision_ms": decision_ms,
+        "change_vs_teacher_pct": vs_teacher, "change_vs_each_pct": vs_each, "decision_ms": decision_ms,
         "table": ev["table"]}
     (out / "improve_summary.json").write_text(json.dumps(summary, indent=2))
     say(f"{NAME} (best round {res['best_round']}, trained in {train_wall:.0f} s): "
@@ -114,6 +115,8 @@ def improve(cfg, out: Path | None = None) -> dict:
         f"{vs_teacher[0]:+.2f} ± {vs_teacher[1]:.2f}% vs {pc.teacher} (paired 95% CIs, "
         f"{int(cfg.test.episodes)} test episodes); decision {decision_ms['p50']:.3f} ms p50, "
         f"{decision_ms['p99']:.3f} ms p99")
+    say(f"{NAME} vs each router (mean E2E, paired 95% CI): "
+        + "; ".join(f"{p} {m:+.2f} ± {h:.2f}%" for p, (m, h) in vs_each.items()))
     say(f"run dir {out}; TensorBoard: tensorboard --logdir {out / 'tb'}")
     return {"out": out, "summary": summary, "eval": ev}
 
