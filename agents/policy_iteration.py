@@ -152,6 +152,67 @@ def prior_logits(net, obs: th.Tensor, teacher: th.Tensor, prior: float) -> th.Te
     return z
 
 
+def _layers(module) -> list:
+    """A Sequential of Linear and ReLU layers as numpy (weight.T, bias) pairs and "relu" marks;
+    None if it holds anything else."""
+    out = []
+    for mod in module.modules():
+        if isinstance(mod, th.nn.Linear):
+            out.append((mod.weight.detach().numpy().T.copy(),
+                        None if mod.bias is None else mod.bias.detach().numpy().copy()))
+        elif isinstance(mod, th.nn.ReLU):
+            out.append("relu")
+        elif not isinstance(mod, th.nn.Sequential):
+            return None
+    return out
+
+
+def _apply(layers: list, x: np.ndarray) -> np.ndarray:
+    for layer in layers:
+        if layer == "relu":
+            x = np.maximum(x, 0.0)
+        else:
+            w, b = layer
+            x = x @ w if b is None else x @ w + b
+    return x
+
+
+class NumpyActor:
+    """The network's action preferences for one observation in numpy: the same arithmetic as
+    ``InstanceSetQ.forward`` without the value and the centring (constant over the actions, so
+    the argmax is the same), at a fraction of torch's per-op cost for a batch of one (the
+    router's decision is one observation at a time). ``None`` from :meth:`build` when the
+    network has layers this does not mirror (then torch is used)."""
+
+    def __init__(self, net, parts: dict):
+        self.G, self.k, self.C, self.I, self.E = net.G, net.k, net.C, net.I, net.embed_dim
+        self.slot = net.slot.detach().numpy().copy()
+        self.p = parts
+
+    @classmethod
+    def build(cls, net) -> "NumpyActor | None":
+        names = ("inst", "cand", "pair_c", "pair_e", "pair_ctx", "pair_act", "pair_out", "defer")
+        parts = {n: _layers(getattr(net, n)) for n in names}
+        if any(v is None for v in parts.values()):
+            return None
+        return cls(net, parts)
+
+    def preferences(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs, np.float32).reshape(-1)
+        G, k, C, I, E, p = self.G, self.k, self.C, self.I, self.E, self.p
+        m = (len(x) - G - k * C) // I
+        g = x[:G]
+        c = x[G:G + k * C].reshape(k, C)
+        s = x[G + k * C:].reshape(m, I)
+        e = _apply(p["inst"], np.concatenate([s, np.broadcast_to(g, (m, G))], axis=1))
+        ce = _apply(p["cand"], np.concatenate([c, np.broadcast_to(g, (k, G))], axis=1)) + self.slot
+        ctx = np.concatenate([e.mean(axis=0), e.max(axis=0), ce.mean(axis=0), g])
+        cand_part = _apply(p["pair_c"], ce) + _apply(p["pair_ctx"], ctx[None, :3 * E])
+        h = cand_part[:, None, :] + _apply(p["pair_e"], e)[None, :, :]
+        pair = _apply(p["pair_out"], _apply(p["pair_act"], h.reshape(k * m, -1))).reshape(k * m)
+        return np.concatenate([pair, _apply(p["defer"], ctx[None])[0]])
+
+
 class NetPolicy:
     """The distilled router: greedy masked argmax of the network's logits plus the teacher prior.
 
@@ -161,6 +222,7 @@ class NetPolicy:
     def __init__(self, net, prior: float, teacher: str = "late_binding",
                  teacher_options: dict | None = None):
         self.net = net.eval()
+        self.fast = NumpyActor.build(self.net)
         self.prior = float(prior)
         self.teacher, self.teacher_options = teacher, dict(teacher_options or {})
 
@@ -176,7 +238,13 @@ class NetPolicy:
         valid = np.array(mask, bool)
         if teacher_action >= 0:
             valid[teacher_action] = True
-        return int(np.argmax(np.where(valid, self.logits(obs, teacher_action), -np.inf)))
+        if self.fast is None:
+            z = self.logits(obs, teacher_action)
+        else:
+            z = self.fast.preferences(obs).astype(np.float64)
+            if teacher_action >= 0:
+                z[teacher_action] += self.prior
+        return int(np.argmax(np.where(valid, z, -np.inf)))
 
     def save(self, path, layout: dict, cfg: PolicyIterationConfig, meta: dict | None = None) -> None:
         th.save({"state_dict": self.net.state_dict(), "layout": dict(layout),

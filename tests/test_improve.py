@@ -255,3 +255,35 @@ def test_improve_entry_point_debug_size(tmp_path):
     with pytest.raises(ConfigError, match="unknown improve option.*horizon; allowed: .*plan_horizon_s"):
         improve(compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]",
                                     "+improve.horizon=1"]), out=tmp_path / "bad2")
+
+
+def test_numpy_actor_matches_the_network():
+    """The batch-1 numpy path chooses what the torch network chooses (same preferences up to the
+    value and centring, which are constant over the actions)."""
+    from agents.policy_iteration import NetPolicy, make_net
+
+    env = LLMClusterEnv(**_kw())
+    layout = env.obs_layout.as_dict()
+    net = make_net(layout, _cfg(), 3)
+    for mod in (net.pair_out, net.defer):      # non-zero heads, so the choice is the network's
+        for prm in mod.parameters():
+            torch.nn.init.normal_(prm, std=0.3)
+    pol = NetPolicy(net, prior=0.5)
+    assert pol.fast is not None
+    obs, info = env.reset(seed=2)
+    rng = np.random.default_rng(0)
+    checked = 0
+    for _ in range(60):
+        with torch.inference_mode():
+            q = net(torch.from_numpy(np.asarray(obs, np.float32)[None]))[0].numpy()
+        f = pol.fast.preferences(obs)
+        np.testing.assert_allclose(f - f.mean(), q - q.mean(), rtol=0, atol=2e-5)
+        mask = info["action_mask"]
+        t = int(rng.choice(np.flatnonzero(mask)))
+        ref = np.where(mask, q + 0.5 * (np.arange(len(q)) == t), -np.inf)
+        assert pol.act(obs, mask, t) == int(np.argmax(ref))
+        checked += 1
+        obs, _, term, trunc, info = env.step(int(rng.choice(np.flatnonzero(mask))))
+        if term or trunc:
+            break
+    assert checked > 20
