@@ -3,7 +3,7 @@
 Imitation makes a network that equals its teacher (``late_binding``); Double-DQN fine-tuning
 drifts away from it, because near capacity the advantages that separate a better rule from the
 teacher are 0.1-1% of a state's value and TD learning at ~50 env steps/s cannot resolve them.
-The simulator can: ``llm_lb_gym.policies.improve.RolloutImprovement`` scores every action of a
+The simulator can: ``llm_lb_gym.routers.improve.RolloutImprovement`` scores every action of a
 state by rolling the teacher out on imagined futures shared by all actions (common random
 numbers). This module turns those scores into a network (expert iteration / AlphaZero-style
 distillation, with DAgger's state distribution):
@@ -121,7 +121,7 @@ class PolicyIterationConfig:
             check_int(f"{p}.validation_seeds[]", s, 0)
 
     def operator_options(self, decision_interval_s: float):
-        from llm_lb_gym.policies.improve import ImprovementOptions
+        from llm_lb_gym.routers.improve import ImprovementOptions
 
         return ImprovementOptions(
             base=self.teacher, base_options=dict(self.teacher_options), plan_horizon_s=self.plan_horizon_s,
@@ -297,7 +297,7 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
-    from llm_lb_gym.policies.improve import RolloutImprovement
+    from llm_lb_gym.routers.improve import RolloutImprovement
     from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
 
     th.set_num_threads(1)

@@ -56,7 +56,7 @@ def _mapping(name: str, value) -> dict:
 def check_policy_options(name: str, value) -> None:
     """``{router name: {option: value}}``: known routers, known options (values are checked by
     each router's typed options when it is built)."""
-    from llm_lb_gym.policies.registry import ROUTER_CLASSES, router_options
+    from llm_lb_gym.routers.registry import ROUTER_CLASSES, router_options
 
     for router, options in _mapping(name, value).items():
         lookup("router", ROUTER_CLASSES, router)
@@ -90,7 +90,7 @@ def check_agents(value) -> dict:
 def check_evaluate_options(cfg, prefix: str = "") -> None:
     """Every option ``evaluate(cfg)`` reads besides the env's (those ``gym.make`` checks);
     ``prefix`` names where they come from (train's ``eval.``)."""
-    from llm_lb_gym.policies.registry import ROUTER_CLASSES
+    from llm_lb_gym.routers.registry import ROUTER_CLASSES
 
     to_container = _plain
 

@@ -92,7 +92,7 @@ def router_options(cfg, name: str) -> dict:
     every = all_router_options(cfg)
     opts = dict(every.get(name) or {})
     if name == "lookahead" and "base_options" not in opts:
-        from llm_lb_gym.policies.lookahead import LookaheadOptions
+        from llm_lb_gym.routers.lookahead import LookaheadOptions
 
         opts["base_options"] = dict(every.get(opts.get("base", LookaheadOptions.base)) or {})
     return opts

@@ -35,7 +35,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def in_process(args, router: str) -> str:
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.registry import make_router
 
     if router == "learned":
         from experiments.serve import load_policy
@@ -134,7 +134,7 @@ def decision_quantiles(text: str) -> str:
 def decision_times(router, m: int, n: int) -> np.ndarray:
     """Seconds per decision of ``router`` in this process, on a service view of ``m`` backends
     fed ``n`` requests of varied sizes (a third of the in-flight ones end after each)."""
-    from llm_lb_gym.policies.drive import decide
+    from llm_lb_gym.routers.drive import decide
     from llm_lb_gym.serve.view import BackendView, ServiceCluster, ServiceTable
     from llm_lb_gym.sim.latency import get_preset
 

@@ -73,8 +73,8 @@ def workload_batch(args):
 
 def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int) -> dict:
     """The same requests through the simulator (oracle predictions = max_tokens, as served)."""
-    from llm_lb_gym.policies.drive import run_router
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.drive import run_router
+    from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
     from llm_lb_gym.sim.metrics import episode_metrics
 

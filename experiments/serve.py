@@ -47,7 +47,7 @@ def load_policy(run_dir: str, model_file: str, cfg):
 
     from llm_lb_gym._validate import ConfigError
     from llm_lb_gym.envs.cluster_env import LLMClusterEnv
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.serve.learned import LearnedPolicyRouter
 
     d = Path(run_dir)

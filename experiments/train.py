@@ -112,7 +112,7 @@ def _check_train_cfg(cfg) -> None:
     im = cfg.train.get("imitation") or {}
     if im.get("teacher") is not None:
         from llm_lb_gym._validate import check_choice
-        from llm_lb_gym.policies.registry import ROUTERS
+        from llm_lb_gym.routers.registry import ROUTERS
 
         check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
         from agents import agent_spec

@@ -4,7 +4,7 @@ One function per kind of decision maker, both returning the same ``EpisodeResult
 evaluation can put heuristics and agents side by side on identical seeded episodes: the seed
 fixes the workload sample and the predictions, so every policy sees the same requests.
 
-This module sits at the env's level of the package (it imports ``envs``, ``policies`` and
+This module sits at the env's level of the package (it imports ``envs``, ``routers`` and
 ``sim``; none of those import it) and knows agents only by SB3's ``predict`` signature, so the
 package never imports the top-level ``agents`` package. :func:`predict_action` and
 :func:`accepts_action_masks` live here for that reason; ``agents.base`` re-exports them.
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .envs.cluster_env import LLMClusterEnv
-from .envs.routers import make_env_router  # noqa: F401  (re-exported: evaluation code imports it from here)
+from .envs.router_factory import make_env_router  # noqa: F401  (re-exported: evaluation code imports it from here)
 from .sim.metrics import request_latencies
 
 
@@ -74,8 +74,8 @@ def _finish(env: LLMClusterEnv, info: dict, ret: float, steps: int) -> EpisodeRe
 
 def start_episode(env: LLMClusterEnv, router, seed: int) -> tuple[Any, dict]:
     """Reset ``env`` (unwrapped) with ``seed`` and ``router`` with its RNG for that seed
-    (``policies.drive.router_rng``); returns the env's (observation, info)."""
-    from .policies.drive import router_rng
+    (``routers.drive.router_rng``); returns the env's (observation, info)."""
+    from .routers.drive import router_rng
 
     out = env.reset(seed=seed)
     router.reset(router_rng(seed), env.m)
@@ -84,7 +84,7 @@ def start_episode(env: LLMClusterEnv, router, seed: int) -> tuple[Any, dict]:
 
 def router_choice(env: LLMClusterEnv, router) -> tuple[int, int] | None:
     """(queue position, instance) ``router`` wants now, or None: hold (or nothing queued)."""
-    from .policies.drive import decide
+    from .routers.drive import decide
 
     c = env.cluster
     return decide(c, router) if c.queue else None
@@ -97,7 +97,7 @@ def take_choice(env: LLMClusterEnv, choice: tuple[int, int] | None):
 
 
 def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None = None) -> EpisodeResult:
-    """One episode driven by a heuristic router (``llm_lb_gym.policies``)."""
+    """One episode driven by a heuristic router (``llm_lb_gym.routers``)."""
     env = env.unwrapped
     start_episode(env, router, seed)
     ret, steps, info = 0.0, 0, {}

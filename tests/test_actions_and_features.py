@@ -10,7 +10,7 @@ import pytest
 
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs import LLMClusterEnv
-from llm_lb_gym.policies.drive import decide
+from llm_lb_gym.routers.drive import decide
 from llm_lb_gym.rollout import make_env_router, rollout_router
 
 BUSY = dict(num_requests=200, arrival_rate_rps=400.0)   # requests pile up at the router

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llm_lb_gym.policies.drive import build_table, router_rng, run_router
+from llm_lb_gym.routers.drive import build_table, router_rng, run_router
 from llm_lb_gym.sim.clock import decide_on_grid, drain, grid_index_at_or_after, next_decision_index
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig
@@ -158,7 +158,7 @@ def test_a_hold_waits_one_interval_and_the_window_stops():
 def test_run_router_on_the_grid_matches_the_env_seeded_router_stream():
     """The router seed is derived in one place and drives the same episode twice."""
     b = RequestBatch.from_arrays(np.arange(30) * 0.013, np.full(30, 80), np.full(30, 40))
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.registry import make_router
 
     outs = []
     for _ in range(2):

@@ -14,8 +14,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_lb_gym.policies.drive import run_router
-from llm_lb_gym.policies.registry import ROUTERS, make_router
+from llm_lb_gym.routers.drive import run_router
+from llm_lb_gym.routers.registry import ROUTERS, make_router
 from llm_lb_gym.predictor.buckets import BucketScheme
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig

@@ -58,8 +58,8 @@ def test_env_and_every_heuristic_router_run_with_core_dependencies_only():
     out = _run_blocked("""
         import gymnasium as gym
         import llm_lb_gym
-        from llm_lb_gym.envs.routers import make_env_router
-        from llm_lb_gym.policies.registry import ROUTERS
+        from llm_lb_gym.envs.router_factory import make_env_router
+        from llm_lb_gym.routers.registry import ROUTERS
         from llm_lb_gym.rollout import rollout_router
 
         env = gym.make("LLMCluster-v0", num_instances=2, num_requests=40, arrival_rate_rps=8.0)

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from llm_lb_gym.envs.config import ActionConfig, EnvConfig, ObsConfig, RewardConfig
-from llm_lb_gym.policies.registry import ROUTERS, make_router
+from llm_lb_gym.routers.registry import ROUTERS, make_router
 from llm_lb_gym.sim.clock import DEFAULT_DECISION_INTERVAL_S
 from llm_lb_gym.sim.config import EngineConfig
 from llm_lb_gym.sim.slo import SLOConfig

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 import llm_lb_gym  # noqa: F401  (registers the env)
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs import LLMClusterEnv
-from llm_lb_gym.policies.mixing import MixingParams, mixing_scores
+from llm_lb_gym.routers.mixing import MixingParams, mixing_scores
 from llm_lb_gym.envs.reward import guidance_term, guidance_weight, ideal_latency_s
 from llm_lb_gym.envs.config import RewardConfig
 from llm_lb_gym.sim.config import EngineConfig

@@ -16,8 +16,8 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 import llm_lb_gym  # noqa: F401  (registers the env)
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs.observation import MIXED_CLUSTER_FEATURES
-from llm_lb_gym.policies import ROUTERS, make_router, run_router
-from llm_lb_gym.policies.drive import build_table, decide
+from llm_lb_gym.routers import ROUTERS, make_router, run_router
+from llm_lb_gym.routers.drive import build_table, decide
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.latency import get_preset, ideal_latency_s
@@ -25,7 +25,7 @@ from llm_lb_gym.sim.request import Status
 from llm_lb_gym.sim.speed import REFERENCE_DECODE_TOKENS, REFERENCE_PROMPT_TOKENS, InstanceSpeeds
 from llm_lb_gym.workload.batch import RequestBatch
 
-from test_policies import stress_episode
+from test_routers import stress_episode
 
 A100, V100 = "llama2-7b-a100", "llama2-7b-v100"
 MIXED = [{"preset": A100, "count": 2}, {"preset": V100, "count": 2}]

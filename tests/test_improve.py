@@ -20,9 +20,9 @@ torch.set_num_threads(1)
 
 from llm_lb_gym._validate import ConfigError  # noqa: E402
 from llm_lb_gym.envs.cluster_env import LLMClusterEnv  # noqa: E402
-from llm_lb_gym.policies import make_router  # noqa: E402
-from llm_lb_gym.policies.drive import decide  # noqa: E402
-from llm_lb_gym.policies.improve import ImprovementOptions, RolloutImprovement, in_system_integral  # noqa: E402
+from llm_lb_gym.routers import make_router  # noqa: E402
+from llm_lb_gym.routers.drive import decide  # noqa: E402
+from llm_lb_gym.routers.improve import ImprovementOptions, RolloutImprovement, in_system_integral  # noqa: E402
 from llm_lb_gym.rollout import make_env_router  # noqa: E402
 
 LB = {"period_s": 0.1, "rounds": "since_release", "reserve": "full", "order": "shortest"}

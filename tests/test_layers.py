@@ -1,4 +1,4 @@
-"""Imports point down the layers: sim <- data <- workload <- predictor <- policies <- envs <-
+"""Imports point down the layers: sim <- data <- workload <- predictor <- routers <- envs <-
 rollout, and the package never imports the top-level ``agents`` or ``experiments`` packages.
 
 Read from the source with ``ast`` (imports inside functions included), so a lazy import that
@@ -14,7 +14,7 @@ import pytest
 
 PACKAGE = "llm_lb_gym"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-LAYERS = ("sim", "data", "workload", "predictor", "policies", "envs", "rollout")
+LAYERS = ("sim", "data", "workload", "predictor", "routers", "envs", "rollout")
 """Bottom first: a module may import its own layer and those before it."""
 SHARED = {f"{PACKAGE}._validate", f"{PACKAGE}.limits", f"{PACKAGE}.extras"}
 """Leaf helpers every layer may use (they import nothing of the package)."""
@@ -56,7 +56,7 @@ IMPORTS = {_module_name(p): _imports(p) for p in SOURCES}
 
 def test_the_scan_sees_the_package():
     assert len(IMPORTS) > 40 and f"{PACKAGE}.rollout" in IMPORTS
-    assert f"{PACKAGE}.policies.mixing.mixing_score" in IMPORTS[f"{PACKAGE}.envs.reward"]
+    assert f"{PACKAGE}.routers.mixing.mixing_score" in IMPORTS[f"{PACKAGE}.envs.reward"]
 
 
 @pytest.mark.parametrize("top", ["agents", "experiments"])
@@ -102,7 +102,7 @@ def test_workload_never_imports_predictor():
 
 
 def test_lower_layers_never_import_envs_or_rollout():
-    lower = {"sim", "workload", "predictor", "policies"}
+    lower = {"sim", "workload", "predictor", "routers"}
     bad = {m: sorted(n for n in names if _layer(n) in ("envs", "rollout"))
            for m, names in IMPORTS.items() if _layer(m) in lower}
     assert not {m: n for m, n in bad.items() if n}

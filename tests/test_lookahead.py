@@ -10,9 +10,9 @@ import pytest
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs.cluster_env import LLMClusterEnv
 from llm_lb_gym.rollout import make_env_router, rollout_router
-from llm_lb_gym.policies import ROUTERS, make_router, run_router
-from llm_lb_gym.policies.drive import build_table, decide
-from llm_lb_gym.policies.lookahead import Lookahead, copy_cluster
+from llm_lb_gym.routers import ROUTERS, make_router, run_router
+from llm_lb_gym.routers.drive import build_table, decide
+from llm_lb_gym.routers.lookahead import Lookahead, copy_cluster
 from llm_lb_gym.predictor.base import Prediction
 from llm_lb_gym.predictor.buckets import BucketScheme
 from llm_lb_gym.sim.cluster import Cluster

@@ -12,8 +12,8 @@ import llm_lb_gym  # noqa: F401
 from llm_lb_gym._validate import ConfigError, check_bool, check_int, check_range
 from llm_lb_gym.envs import LLMClusterEnv
 from llm_lb_gym.limits import MAX_TOKENS
-from llm_lb_gym.policies.drive import run_router
-from llm_lb_gym.policies.registry import make_router
+from llm_lb_gym.routers.drive import run_router
+from llm_lb_gym.routers.registry import make_router
 from llm_lb_gym.sim.config import ClusterConfig
 from llm_lb_gym.workload import GammaArrivals, RequestBatch, TraceArrivals
 

@@ -162,8 +162,8 @@ def _timestamps(table):
 def test_caching_off_ignores_hashes_bit_for_bit():
     """Hashes on the requests change nothing while enable_prefix_caching is off, and caching on
     without hashes changes nothing either (the engine has nothing to look up)."""
-    from llm_lb_gym.policies.drive import run_router
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.drive import run_router
+    from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.workload.registry import make_workload
 
     batch = make_workload("conversation", rate_rps=6.0).sample(np.random.default_rng(3), 400)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from llm_lb_gym._validate import ConfigError
-from llm_lb_gym.policies import make_router, run_router
+from llm_lb_gym.routers import make_router, run_router
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.metrics import prefix_cache_metrics

@@ -15,7 +15,7 @@ import math
 import pytest
 
 from llm_lb_gym.envs import LLMClusterEnv
-from llm_lb_gym.policies.drive import decide, router_rng
+from llm_lb_gym.routers.drive import decide, router_rng
 from llm_lb_gym.rollout import make_env_router, rollout_router
 from llm_lb_gym.sim.metrics import request_latencies
 

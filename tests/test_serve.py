@@ -290,8 +290,8 @@ def test_every_served_router_decides_on_the_service_view(name):
     decision, each one routed to a valid backend or held (no AttributeError, no bad index)."""
     import numpy as np
 
-    from llm_lb_gym.policies.drive import decide
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.drive import decide
+    from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.serve.view import BackendView, ServiceCluster, ServiceTable
     from llm_lb_gym.sim.latency import get_preset
 

@@ -10,8 +10,8 @@ import pytest
 
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.envs import LLMClusterEnv
-from llm_lb_gym.policies import make_router
-from llm_lb_gym.policies.drive import decide
+from llm_lb_gym.routers import make_router
+from llm_lb_gym.routers.drive import decide
 from llm_lb_gym.rollout import make_env_router, rollout_router
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig

@@ -167,7 +167,7 @@ def test_evaluate_uses_the_settings_tuned_router_options():
     and a command-line ``policy_options.<router>`` replaces that router's entry."""
     from experiments.evaluate import policy_options
 
-    from llm_lb_gym.policies.registry import make_router
+    from llm_lb_gym.routers.registry import make_router
 
     default = make_router("late_binding", **policy_options(_compose("evaluate", []))["late_binding"])
     near = policy_options(_compose("evaluate", ["experiment=v100_near_capacity"]))["late_binding"]

@@ -12,7 +12,7 @@ import argparse
 import gymnasium as gym
 
 import llm_lb_gym  # noqa: F401  (registers LLMCluster-v0)
-from llm_lb_gym.envs.routers import make_env_router
+from llm_lb_gym.envs.router_factory import make_env_router
 from llm_lb_gym.rollout import rollout_router
 
 ENV_ID = "LLMCluster-v0"

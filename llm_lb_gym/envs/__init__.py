@@ -1,11 +1,11 @@
 """The Gymnasium layer: ``LLMClusterEnv`` and its observation and reward pieces.
 
-``MixingParams`` and ``mixing_scores`` live in ``llm_lb_gym.policies.mixing`` (the mixing-greedy
+``MixingParams`` and ``mixing_scores`` live in ``llm_lb_gym.routers.mixing`` (the mixing-greedy
 router and the reward share them); they are re-exported here because ``RewardConfig.mixing``
 takes a ``MixingParams``.
 """
 
-from ..policies.mixing import MixingParams, mixing_scores
+from ..routers.mixing import MixingParams, mixing_scores
 from .cluster_env import LLMClusterEnv
 from .config import EnvConfig, ObsConfig, RewardConfig
 

@@ -13,7 +13,7 @@ import numpy as np
 from gymnasium import spaces
 
 from .._validate import check_choice, reject_unexpected_keywords
-from ..policies.drive import decide
+from ..routers.drive import decide
 from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, fast_forward, next_decision_index
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
@@ -29,7 +29,7 @@ from .observation import MIXED_CLUSTER_FEATURES, ObservationBuilder
 from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
 from .reset_options import check_episode, check_reset_options
 from .reward import guidance_term, guidance_weight
-from .routers import make_env_router
+from .router_factory import make_env_router
 
 
 class LLMClusterEnv(gym.Env):
@@ -335,7 +335,7 @@ class LLMClusterEnv(gym.Env):
         return self._transition(*choice)
 
     def route_step(self, instance: int, position: int = 0):
-        """``step`` in the routers' terms (``policies.drive.decide``): route the request at
+        """``step`` in the routers' terms (``routers.drive.decide``): route the request at
         router-queue ``position`` to ``instance``; ``instance == m`` defers."""
         if self.cluster is None:
             raise RuntimeError("step() before reset()")

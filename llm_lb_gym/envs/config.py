@@ -14,7 +14,7 @@ from .._validate import (ConfigError, check_bool, check_choice, check_int, check
                          reject_unknown)
 from ..limits import (MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS,
                       MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
-from ..policies.mixing import MixingParams
+from ..routers.mixing import MixingParams
 from ..sim.clock import DEFAULT_DECISION_INTERVAL_S
 from ..sim.config import EngineConfig, resolve_instances
 from ..sim.slo import SLOConfig
@@ -111,7 +111,7 @@ class RewardConfig:
         if not isinstance(self.teacher, str):
             raise ConfigError(f"reward.teacher={self.teacher!r} must be 'mixing' or a router name")
         if self.teacher != MIXING_TEACHER:
-            from ..policies.registry import ROUTERS, router_options
+            from ..routers.registry import ROUTERS, router_options
 
             check_choice("reward.teacher", self.teacher, (MIXING_TEACHER, *ROUTERS))
             opts = dict(self.teacher_options or {})
@@ -154,7 +154,7 @@ class ActionConfig:
     defer waits one interval, a slot with no request is a no-op, ``defer_budget`` is ignored,
     and an agent that always defers never finishes."""
     fallback_router: str = "jsq"
-    """The router (``llm_lb_gym.policies``) that decides a masked action under ``fallback``."""
+    """The router (``llm_lb_gym.routers``) that decides a masked action under ``fallback``."""
     defer_budget: float | None = 1.0
     """Under ``fallback``, once the agent has taken a masked action in the episode (it ignores
     the mask): defer is masked while the episode's defers number at least this many per request
@@ -170,7 +170,7 @@ class ActionConfig:
             check_range("action.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
         check_bool("action.mask_idle_defer", self.mask_idle_defer)
         check_choice("action.masked", self.masked, MASKED)
-        from ..policies.registry import ROUTERS
+        from ..routers.registry import ROUTERS
 
         check_choice("action.fallback_router", self.fallback_router, ROUTERS)
         if self.defer_budget is not None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 
-from ..policies.mixing import mixing_score
+from ..routers.mixing import mixing_score
 from ..sim.latency import ideal_latency_s  # noqa: F401  (the env's T_j; lives with the latency model)
 from .config import RewardConfig
 

@@ -19,7 +19,7 @@ front of real servers cannot observe (``view.py`` lists what it can)."""
 
 def served_routers() -> tuple[str, ...]:
     """The registered routers the service can run."""
-    from ..policies.registry import ROUTERS
+    from ..routers.registry import ROUTERS
 
     return tuple(r for r in ROUTERS if r not in UNSERVED_ROUTERS)
 
@@ -31,7 +31,7 @@ class RouterServiceConfig:
     backends: tuple[str, ...]
     """Base URLs of the OpenAI-compatible backends (``http://127.0.0.1:8001``), in instance order."""
     router: str = "round_robin"
-    """A name of ``llm_lb_gym.policies.ROUTERS``."""
+    """A name of ``llm_lb_gym.routers.ROUTERS``."""
     router_options: dict = field(default_factory=dict)
     """The router's keyword options (as in ``conf/evaluate.yaml``'s ``eval.policy_options``)."""
     models: tuple[str, ...] = ("sim-model",)

@@ -27,7 +27,7 @@ from ..rollout import predict_action
 
 
 class LearnedPolicyRouter:
-    """Router protocol (``policies/base.py``) over an SB3-style agent and its env."""
+    """Router protocol (``routers/base.py``) over an SB3-style agent and its env."""
 
     name = "learned"
     defers = True
@@ -74,7 +74,7 @@ class LearnedPolicyRouter:
 
     def select_from_queue(self, cluster) -> tuple[int, int] | None:
         if not self.active:
-            from ..policies.drive import decide
+            from ..routers.drive import decide
 
             return decide(cluster, self.fallback)
         env = self.env

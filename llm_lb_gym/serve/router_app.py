@@ -2,7 +2,7 @@
 
 Per request: validate the body (``protocol.py``; a 4xx with the reason, before any routing),
 add it to the service table and the router queue, and let the router decide through
-``policies.drive.decide`` on the ``ServiceCluster`` view (``view.py``), exactly as it decides in
+``routers.drive.decide`` on the ``ServiceCluster`` view (``view.py``), exactly as it decides in
 the simulator. A router that never defers routes every queued request at once; a holding
 router (``late_binding``) keeps requests in the queue and is asked again every
 ``decision_interval_s`` and whenever a request ends. The request is then proxied to its backend
@@ -42,8 +42,8 @@ from starlette.routing import Route
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from ..policies.drive import decide
-from ..policies.registry import make_router
+from ..routers.drive import decide
+from ..routers.registry import make_router
 from ..sim.latency import get_preset
 from .config import RouterServiceConfig
 from .protocol import CHAT, COMPLETIONS, BadRequest, error_body, make_counter, parse_request

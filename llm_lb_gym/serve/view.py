@@ -1,7 +1,7 @@
 """The router service's view of its backends, shaped like the simulator's cluster.
 
-Routers (``policies/``) decide from a ``Cluster``: ``t``, the router ``queue``, the request
-``table`` and per-instance ``engines`` with load aggregates (``policies/base.py`` lists what
+Routers (``routers/``) decide from a ``Cluster``: ``t``, the router ``queue``, the request
+``table`` and per-instance ``engines`` with load aggregates (``routers/base.py`` lists what
 they may read). The service builds the same shape from what a router in front of real servers
 can know, so a registered router decides the same way in simulation and in service:
 
@@ -33,7 +33,7 @@ from .scrape import BackendLoad
 
 
 class ServiceTable:
-    """Columns routers read, one row per live request slot (``policies/base.py``)."""
+    """Columns routers read, one row per live request slot (``routers/base.py``)."""
 
     _COLUMNS = ("prompt", "pred", "arrival_s", "o_base", "inv_ideal", "task_id", "prompt_bucket",
                 "decode_bucket", "hashes", "ttft_deadline_s", "tbt_deadline_s", "epoch")

@@ -1,8 +1,8 @@
 """The decision clock: the one place that walks a cluster along the decision grid.
 
 Routing decisions happen at grid points ``k * dt`` (``dt``: the decision interval). The rules,
-the same for the env, router evaluation (``policies.drive``), the rollout operator
-(``policies.improve``) and everything built on them:
+the same for the env, router evaluation (``routers.drive``), the rollout operator
+(``routers.improve``) and everything built on them:
 
 - at a grid point the decider is asked again and again while requests wait; when it holds
   (or the queue still has requests after it), the next decision comes one interval later;

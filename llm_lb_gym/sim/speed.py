@@ -19,7 +19,7 @@ one thing everywhere:
   at arrival, and no routing choice can beat it, so 1/T_j weighs every request by its best case.
 
 Load-balancing routers compare backlogs in seconds: backlog tokens x ``token_s[i]``, ties to the
-faster instance (``policies/base.load_s``, which says why the request's own service time is not
+faster instance (``routers/base.load_s``, which says why the request's own service time is not
 added there). In a homogeneous cluster every instance has relative speed exactly 1.0 and T_j is the instance's
 ideal latency, bit for bit as before; ``homogeneous`` tells routers to keep their token-count
 rules there (any rescaling could reorder ties by rounding).

@@ -1,6 +1,6 @@
 """Mixing-greedy: the instance where the paper's mixing estimator predicts the least harm.
 
-The analytic estimator of §5.2 (``policies/mixing.py``) scores placing request i on instance l from
+The analytic estimator of §5.2 (``routers/mixing.py``) scores placing request i on instance l from
 i's prompt and predicted decode and l's committed tokens: a prompt term that penalises long
 prefills landing on busy instances, and a decode term that grows with the tokens already there.
 The workload-guided reward's heuristic term measures the agent against exactly this choice, so

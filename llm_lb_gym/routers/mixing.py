@@ -13,7 +13,7 @@ Defaults: the paper's V100 gradients (grad1 = 3.2e-4, grad2 = 3.3e-5), alpha = 0
 eps = 0.5 s, the paper's heavy-prompt threshold (prefill >= 0.5 s); the paper does not state
 eps, so it is an option. The mixing-greedy router and the guidance reward both use it; it lives
 here, beside the router, because it reads only the simulator's state, and the env's reward
-imports it from here (envs -> policies points down the layers).
+imports it from here (envs -> routers points down the layers).
 """
 
 from __future__ import annotations

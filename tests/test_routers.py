@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from llm_lb_gym._validate import ConfigError
-from llm_lb_gym.policies.mixing import MixingParams, mixing_scores
-from llm_lb_gym.policies import ROUTERS, QueueRouter, Router, make_router, router_options, run_router
-from llm_lb_gym.policies.drive import build_table, decide
+from llm_lb_gym.routers.mixing import MixingParams, mixing_scores
+from llm_lb_gym.routers import ROUTERS, QueueRouter, Router, make_router, router_options, run_router
+from llm_lb_gym.routers.drive import build_table, decide
 from llm_lb_gym.predictor.buckets import BucketScheme
 from llm_lb_gym.sim.cluster import Cluster
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig

@@ -135,7 +135,7 @@ class LookaheadOptions:
         make_router(self.base, **dict(self.base_options))   # names a bad option or value
 
     def improvement(self) -> ImprovementOptions:
-        """The rollout operator's options (``policies.improve``) these options describe."""
+        """The rollout operator's options (``routers.improve``) these options describe."""
         return ImprovementOptions(base=self.base, base_options=dict(self.base_options),
                                   plan_horizon_s=self.plan_horizon_s, samples=self.samples,
                                   see_future=self.see_future, score=self.score,
@@ -146,7 +146,7 @@ class LookaheadOptions:
 class Lookahead(RouterBase):
     """Model-predictive router: roll each candidate action out with ``base``, keep the best.
 
-    The scoring is ``policies.improve.RolloutImprovement`` (the rollout policy-improvement
+    The scoring is ``routers.improve.RolloutImprovement`` (the rollout policy-improvement
     operator) used online: this router is one step of policy iteration over its base."""
 
     name = "lookahead"
