@@ -201,14 +201,15 @@ class ObsConfig:
     (global), ``age`` and ``block_need`` (per candidate request), ``free_kv_blocks``,
     ``waiting_blocks``, ``time_since_route``, ``cached_prefix`` (the head request's prompt
     tokens cached there, with ``engine.enable_prefix_caching``), ``speed`` and ``kv_size`` (per
-    instance; a mixed cluster always adds the last two)."""
+    instance; a mixed cluster always adds the last two), and any per-instance feature registered
+    with ``observation.register_instance_feature``."""
 
     def __post_init__(self) -> None:
-        from .observation import FEATURES
+        from .observation import feature_names
 
         feats = tuple(self.features or ())
         for f in feats:
-            check_choice("obs.features[]", f, FEATURES)
+            check_choice("obs.features[]", f, feature_names())
         if len(set(feats)) != len(feats):
             raise ConfigError(f"obs.features={list(feats)} lists a feature twice")
         object.__setattr__(self, "features", feats)

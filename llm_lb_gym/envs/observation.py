@@ -49,6 +49,7 @@ instance block has the same features in the same order, and so has every candida
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 from gymnasium import spaces
@@ -66,6 +67,64 @@ MIXED_CLUSTER_FEATURES = ("speed", "kv_size")
 FEATURES = GLOBAL_FEATURES + CANDIDATE_FEATURES + INSTANCE_FEATURES
 """Extra features ``ObsConfig.features`` may list (beyond the paper's)."""
 _BIG = np.float32(1e6)
+
+NORMALIZERS = ("none", "max_num_seqs", "kv_blocks", "context_len", "time_scale_s")
+"""What an :class:`InstanceFeature` is divided by with ``obs.normalize`` (per instance where the
+instance has its own: its ``max_num_seqs``, its KV blocks)."""
+
+
+@dataclass(frozen=True)
+class InstanceFeature:
+    """A per-instance feature added without editing the builder (README, "How to extend").
+
+    Why a table entry and not a flag like the built-in ones: a feature of one's own then touches
+    one file (where it is defined and registered), and its column lands in every instance block,
+    so ``env.obs_layout`` and the permutation-equivariant networks pick it up unchanged. It is
+    computed after the built-in features, in the order ``obs.features`` lists it; the env pays
+    for it only when ``obs.features`` names it.
+    """
+
+    name: str
+    """The ``obs.features`` entry (and the key in a ``Dict`` observation)."""
+    value: Callable[[Any, int], float]
+    """``value(cluster, i)``: the raw value for instance ``i`` (read only what a router may read:
+    ``routers/base.py``)."""
+    high: float
+    """Upper bound of the raw value (the observation space's bound)."""
+    normalize_by: str = "none"
+    """With ``obs.normalize``, the value is divided by this (a name of ``NORMALIZERS``)."""
+    low: float = 0.0
+    """Lower bound of the raw value."""
+
+    def __post_init__(self) -> None:
+        if not self.name or self.name in FEATURES:
+            raise ValueError(f"InstanceFeature name {self.name!r} is empty or built in; built in: "
+                             f"{', '.join(FEATURES)}")
+        if self.normalize_by not in NORMALIZERS:
+            raise ValueError(f"InstanceFeature {self.name}: normalize_by={self.normalize_by!r}; "
+                             f"allowed: {', '.join(NORMALIZERS)}")
+        if not callable(self.value):
+            raise TypeError(f"InstanceFeature {self.name}: value must be callable (cluster, i) -> float")
+        if not float(self.low) < float(self.high):
+            raise ValueError(f"InstanceFeature {self.name}: low={self.low} must be below high={self.high}")
+
+
+INSTANCE_FEATURE_TABLE: dict[str, InstanceFeature] = {}
+"""Per-instance features registered with :func:`register_instance_feature`."""
+
+
+def register_instance_feature(feature: InstanceFeature) -> InstanceFeature:
+    """Make ``feature.name`` a valid ``obs.features`` entry (in this process: register it before
+    ``gym.make``, also in vector-env workers). A name may be registered once."""
+    if INSTANCE_FEATURE_TABLE.get(feature.name, feature) != feature:
+        raise ValueError(f"observation feature {feature.name!r} is already registered")
+    INSTANCE_FEATURE_TABLE[feature.name] = feature
+    return feature
+
+
+def feature_names() -> tuple[str, ...]:
+    """Every name ``obs.features`` accepts: the built-in ones, then the registered ones."""
+    return FEATURES + tuple(INSTANCE_FEATURE_TABLE)
 
 
 @dataclass(frozen=True)
@@ -128,6 +187,7 @@ class ObservationBuilder:
         self.f_prefix = "cached_prefix" in feats
         self.f_speed = "speed" in feats
         self.f_kv = "kv_size" in feats
+        self.custom = tuple(INSTANCE_FEATURE_TABLE[f] for f in cfg.features if f in INSTANCE_FEATURE_TABLE)
         # Candidates' block need: in blocks of the instance with the largest KV cache.
         big = max(range(m), key=lambda i: kv_list[i])
         self.block_size = bs_list[big]
@@ -136,7 +196,7 @@ class ObservationBuilder:
         self.inst_block_size = bs_list
         self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need, self.m,
                                 self.n_p + self.n_d + 2 + self.f_free + self.f_wait + self.f_since
-                                + self.f_prefix + self.f_speed + self.f_kv)
+                                + self.f_prefix + self.f_speed + self.f_kv + len(self.custom))
         self.per = self.layout.instance_dim
         self.size = self.layout.size
         self._cand0 = self.layout.global_dim
@@ -197,6 +257,14 @@ class ObservationBuilder:
                 add(0.0, 1.0, 1.0)
             if self.f_kv:
                 add(0.0, kv_max, 1.0 / kv_max if norm else 1.0)
+            for feat in self.custom:
+                sc = 1.0
+                if norm and feat.normalize_by != "none":
+                    sc = {"max_num_seqs": s_count, "kv_blocks": s_blocks_i, "context_len": s_tok,
+                          "time_scale_s": s_time}[feat.normalize_by]
+                lo.append(float(feat.low) * sc)
+                hi.append(float(feat.high) * sc)
+                scale.append(sc)
         self.low = np.array(lo, np.float32)
         self.high = np.array(hi, np.float32)
         self.scale = np.array(scale, np.float32)
@@ -229,7 +297,7 @@ class ObservationBuilder:
         return [f for f, on in (("free_kv_blocks", self.f_free), ("waiting_blocks", self.f_wait),
                                 ("time_since_route", self.f_since),
                                 ("cached_prefix", self.f_prefix), ("speed", self.f_speed),
-                                ("kv_size", self.f_kv)) if on]
+                                ("kv_size", self.f_kv)) if on] + [f.name for f in self.custom]
 
     def observe(self, cluster, candidates=None):
         """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
@@ -259,6 +327,7 @@ class ObservationBuilder:
                     vals.append(0)
         kv = self.kv_tokens_list
         extras = self.f_free or self.f_wait or self.f_since or self.f_prefix or self.f_speed or self.f_kv
+        custom = self.custom
         for i, e in enumerate(cluster.engines):
             e.observe_into(vals, kv[i])
             if extras:
@@ -275,6 +344,8 @@ class ObservationBuilder:
                     vals.append(self.speed[i])
                 if self.f_kv:
                     vals.append(kv[i])
+            for feat in custom:
+                vals.append(feat.value(cluster, i))
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:

@@ -15,7 +15,7 @@ from .max_capacity import MaxCapacity, MaxCapacityOptions
 from .min_min import MinMin, MinMinOptions
 from .mixing_greedy import MixingGreedy, MixingGreedyOptions
 from .slo_aware import SLOAware, SLOAwareOptions
-from .registry import ROUTER_CLASSES, ROUTERS, make_router, router_options
+from .registry import ROUTER_CLASSES, ROUTERS, make_router, register_router, router_options
 from .token_load import DecodeBalancer, DedicatedOptions, DedicatedSmallLarge, JoinShortestQueue
 
 __all__ = [
@@ -25,5 +25,5 @@ __all__ = [
     "MaxCapacity", "MaxCapacityOptions", "MinMin", "MinMinOptions",
     "MixingGreedy", "MixingGreedyOptions", "KVQueueScorer", "KVQueueOptions",
     "SLOAware", "SLOAwareOptions",
-    "ROUTERS", "ROUTER_CLASSES", "make_router", "router_options", "decide", "run_router",
+    "ROUTERS", "ROUTER_CLASSES", "make_router", "register_router", "router_options", "decide", "run_router",
 ]

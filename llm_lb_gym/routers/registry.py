@@ -7,6 +7,7 @@ router's valid options, and a bad value names the option and its allowed range.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import fields
 
 from .._validate import lookup, reject_unknown
@@ -30,6 +31,30 @@ _CLASSES: tuple[type[RouterBase], ...] = (
 ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
 ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)
 """Every router name: DESIGN.md section 6's, then the ones added beyond it."""
+
+
+def register_router(cls: type[RouterBase]) -> type[RouterBase]:
+    """Add a router class defined outside this package to the registry (usable as a decorator).
+
+    Routers in the package are listed in ``_CLASSES`` instead; this is for a user's own module,
+    so that ``make_router``, ``make_env_router``, the env's ``reward.teacher`` and
+    ``action.fallback_router`` accept its name like a built-in one (README, "How to extend").
+    The name must be new: replacing a built-in router silently would change every table that
+    names it.
+    """
+    global ROUTERS
+    if not (isinstance(cls, type) and issubclass(cls, RouterBase)):
+        raise TypeError(f"register_router takes a RouterBase subclass, got {cls!r}")
+    if not cls.name:
+        raise ValueError(f"{cls.__name__}.name is empty: set the class attribute name = '...'")
+    if ROUTER_CLASSES.get(cls.name, cls) is not cls:
+        raise ValueError(f"router name {cls.name!r} is taken by {ROUTER_CLASSES[cls.name].__name__}")
+    ROUTER_CLASSES[cls.name] = cls
+    ROUTERS = tuple(ROUTER_CLASSES)
+    package = sys.modules.get(__package__)
+    if package is not None and hasattr(package, "ROUTERS"):
+        package.ROUTERS = ROUTERS   # the package re-exports the tuple
+    return cls
 
 
 def router_options(name: str) -> tuple[str, ...]:
