@@ -14,19 +14,19 @@ from __future__ import annotations
 from llm_lb_gym._validate import (ConfigError, check_bool, check_choice, check_int, lookup,
                                   reject_unknown)
 
+from experiments._hydra import to_container
+
 MAX_EPISODES = 1_000_000
 """Most evaluation episodes per policy (each is a full simulated episode)."""
 MAX_SEED = 2**63 - 1
 """Largest seed (episode i uses seed + i, a non-negative 64-bit integer for numpy)."""
 AGENT_KEYS = ("kind", "path", "env", "any_instances")
-"""Keys of one ``agents`` entry (see ``experiments.evaluate._load_agent``)."""
+"""Keys of one ``agents`` entry (see ``experiments._evaluation._load_agent``)."""
 
 
 def _plain(node):
     """A plain value of ``node``: containers resolved (``to_container``), scalars as they are."""
     from omegaconf import OmegaConf
-
-    from experiments._hydra import to_container
 
     return to_container(node) if OmegaConf.is_config(node) else node
 

@@ -4,6 +4,7 @@ next to the results."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -149,3 +150,24 @@ def write_run_record(out: Path, cfg, **extra) -> None:
     if job:
         record["sweep"] = {"dir": job["dir"], "job": job["num"]}
     (out / "run.json").write_text(json.dumps(record, indent=2, default=str))
+
+
+@contextlib.contextmanager
+def _hydra_ready():
+    """Compose needs an initialised Hydra: the running app's, or a temporary one (tests)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    if GlobalHydra.instance().is_initialized():
+        yield
+    else:
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            yield
+
+
+def compose(config_name: str, overrides: list[str]):
+    """``conf/<config_name>.yaml`` composed with ``overrides``, inside a running Hydra app or not."""
+    from hydra import compose as hydra_compose
+
+    with _hydra_ready():
+        return hydra_compose(config_name=config_name, overrides=overrides)

@@ -43,6 +43,8 @@ import tracemalloc
 
 import numpy as np
 
+from experiments._hydra import compose, env_kwargs
+
 MIXED_INSTANCES = ({"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2})
 
 
@@ -173,6 +175,16 @@ def bench_prefix(n: int, episodes: int, rate: float = 6.0, seed: int = 0) -> dic
     return out
 
 
+def env_speed(episodes: int = 1, seed: int = 0) -> dict:
+    """The env's own steps per second on the learned router's options (round-robin actions):
+    the env's share of ``bench learner``'s training loop, measured on the same options."""
+    from experiments.bench_learner import EXPERIMENT   # needs the rl extra
+
+    kw = env_kwargs(compose("train", [EXPERIMENT]))
+    r = bench_env(episodes, seed=seed, policies=("round_robin",), **kw)
+    return {k: v for k, v in r.items() if k.startswith("round_robin_steps_per")}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed", "learner"), default="all")
@@ -204,7 +216,7 @@ def main(argv=None) -> None:
             print(f"{k}: {v:,.1f}")
     if args.part == "learner":
         from llm_lb_gym import __version__
-        from experiments.bench_learner import bench_learner, env_speed
+        from experiments.bench_learner import bench_learner   # needs the rl extra
 
         print(f"llm_lb_gym {__version__}")
         r = bench_learner(args.learner_steps, args.learner_warmup, overrides=tuple(args.learner_overrides))

@@ -34,17 +34,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from experiments._hydra import compose, env_kwargs, to_container
+from experiments._training import auto_reward_scale, build_agent, init_value_offset, make_env, measure_round_robin
+
 EXPERIMENT = "experiment=[v100_near_capacity,learned_router]"
 PARTS = {"train": "gradient updates", "_sample_action": "action selection", "step_wait": "env steps"}
-
-
-def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from experiments._hydra import CONF_DIR
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return compose(config_name="train", overrides=overrides)
 
 
 def _timed(owner, name: str, totals: dict[str, list[float]]) -> None:
@@ -71,12 +65,9 @@ def build_learner(seed: int = 0, overrides: tuple[str, ...] = ()):
     import torch
 
     from agents.imitation import collect_demonstrations
-    from experiments._hydra import env_kwargs, to_container
-    from experiments.train import (auto_reward_scale, build_agent, init_value_offset, make_env,
-                                   measure_round_robin)
 
     torch.set_num_threads(1)
-    cfg = _compose([EXPERIMENT, f"seed={seed}", *overrides])
+    cfg = compose("train", [EXPERIMENT, f"seed={seed}", *overrides])
     kw = env_kwargs(cfg)
     rr = measure_round_robin(kw, seed)
     scale = auto_reward_scale(rr)
@@ -125,14 +116,4 @@ def bench_learner(steps: int = 3000, warmup: int = 500, seed: int = 0, overrides
     return out
 
 
-def env_speed(episodes: int = 1, seed: int = 0) -> dict:
-    """The env's own steps per second on the learned router's options (round-robin actions)."""
-    from experiments._hydra import env_kwargs
-    from experiments.bench import bench_env
-
-    kw = env_kwargs(_compose([EXPERIMENT]))
-    r = bench_env(episodes, seed=seed, policies=("round_robin",), **kw)
-    return {k: v for k, v in r.items() if k.startswith("round_robin_steps_per")}
-
-
-__all__ = ["bench_learner", "build_learner", "env_speed"]
+__all__ = ["EXPERIMENT", "bench_learner", "build_learner"]

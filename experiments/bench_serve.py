@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from experiments._serve_policy import load_policy
+
 BODY = {"model": "sim-model", "prompt": "a b c d", "max_tokens": 1}
 
 
@@ -38,7 +40,6 @@ def in_process(args, router: str) -> str:
     from llm_lb_gym.routers.registry import make_router
 
     if router == "learned":
-        from experiments.serve import load_policy
         from llm_lb_gym.serve.config import RouterServiceConfig
 
         backends = tuple(f"http://127.0.0.1:{i + 1}" for i in range(args.backends))

@@ -14,14 +14,21 @@ confidence intervals, p99 E2E, SLO attainment and the network's decision time.
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym improve")
+
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from experiments._evaluation import evaluate
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import say
+from experiments._tables import paired_change
 
 NAME = "distilled"
 """The trained network's name in the tables (``learned_router`` stays the Double-DQN router's)."""
@@ -41,8 +48,6 @@ def policy_iteration_config(cfg):
 
 
 def paired_rows(rows: list[dict], policy: str, base: str, key: str = "mean_e2e_s"):
-    from experiments.evaluate import paired_change
-
     a = {r["seed"]: r[key] for r in rows if r["policy"] == policy}
     b = {r["seed"]: r[key] for r in rows if r["policy"] == base}
     seeds = sorted(set(a) & set(b))
@@ -72,8 +77,6 @@ def improve(cfg, out: Path | None = None) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
     from agents.policy_iteration import DistilledAgent, policy_iteration
-    from experiments.evaluate import evaluate
-
     torch.set_num_threads(1)
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,38 +32,12 @@ from omegaconf import OmegaConf
 from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      filter_note, loss_warning)
 from experiments._entry_options import check_evaluate_options
+from experiments._evaluation import evaluate
+from experiments._figures import load_sweep_figure
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar
-
-CAPACITY_QUANTILES = (0.1, 0.9)
-
-
-def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
-    """Steady-state service capacity (requests/s) of round robin on the env ``kw``.
-
-    All requests arrive within ``num_requests / rate_rps`` seconds (a timestamped trace is
-    replayed ``rate_scale`` = 1e4 times faster instead), so every instance is saturated; the rate
-    is the completions between the two ``CAPACITY_QUANTILES`` of finish time divided by the time
-    between them.
-    """
-    import gymnasium as gym
-
-    import llm_lb_gym  # noqa: F401
-    from llm_lb_gym.rollout import make_env_router, rollout_router
-    from llm_lb_gym.sim.request import Status
-
-    from llm_lb_gym.workload.registry import uses_synthetic_arrivals
-
-    kw = {**kw, "arrival_rate_rps": rate_rps, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}
-    workload = dict(kw.get("workload") or {})
-    if not uses_synthetic_arrivals(workload.get("name", "task_mix"), workload):
-        kw["workload"] = {**workload, "rate_scale": 1.0e4}
-    env = gym.make("LLMCluster-v0", **kw)
-    rollout_router(env, make_env_router("round_robin", env.unwrapped), seed)
-    table = env.unwrapped.cluster.table
-    finish = np.sort(table.column("finish_s")[table.column("status") == Status.FINISHED])
-    lo, hi = (int(q * (len(finish) - 1)) for q in CAPACITY_QUANTILES)
-    return float((hi - lo) / (finish[hi] - finish[lo]))
+from experiments._tables import paired_change
+from llm_lb_gym.capacity import CAPACITY_QUANTILES, capacity_rps  # noqa: F401  (re-exported)
 
 
 def offered_load(rate_rps: float, capacity: float) -> float:
@@ -74,8 +48,6 @@ def _sweep_table(results: list[tuple[float, float, dict]], baseline: str) -> str
     """One row per load factor: baseline's latency, each policy's % change with CI, and the
     requests completed / rejected / unfinished per episode, SLO attainment and goodput (means
     over every policy's episodes; results.csv has them per policy)."""
-    from experiments.evaluate import paired_change
-
     policies = list(dict.fromkeys(r["policy"] for _, _, ev in results for r in ev["rows"]))
     head = (f"| load factor | arrival rate (req/s) | {baseline} mean E2E (s) | {baseline} preemptions | "
             + " | ".join(p for p in policies if p != baseline) + " | best | "
@@ -116,7 +88,6 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
     """Measure capacity, evaluate ``cfg.policies`` at each load factor; returns the table."""
     import torch
 
-    from experiments.evaluate import evaluate
     from llm_lb_gym._validate import ConfigError
     from llm_lb_gym.envs.builders import build_workload
     from llm_lb_gym.workload.registry import synthetic_arrival_workloads, uses_synthetic_arrivals
@@ -167,8 +138,6 @@ def load_sweep(cfg, out: Path | None = None) -> dict:
         header += "\n\n" + "\n\n".join(alerts)
     (out / "load_sweep.md").write_text(header + "\n\n" + table + "\n")
     if cfg.get("figures", True):
-        from experiments.figures import load_sweep_figure
-
         print(f"figure: {load_sweep_figure(out, out)}")   # from the files just written, as the CLI does
     print(header)
     print(table)

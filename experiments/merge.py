@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.figures import BASELINE, read_results
+from experiments._figures import BASELINE, read_results
+from experiments._tables import paired_change, summarize
 
 NOT_COMPARED = ("wall_s", "job")
 """Columns that may differ between two runs of the same policy on the same episode."""
@@ -121,8 +122,6 @@ def across_jobs(rows: list[dict], names: dict[str, list[str]], baseline: str) ->
     same job's baseline when the baseline is split too), with a 95% Student-t CI over jobs."""
     from scipy import stats
 
-    from experiments.evaluate import paired_change
-
     def base_of(name: str) -> dict:
         b = f"{baseline} [{_job_of(policy, name)}]" if baseline in names else baseline
         return {r["seed"]: r["mean_e2e_s"] for r in rows if r["policy"] == b}
@@ -159,8 +158,6 @@ def per_job_tables(rows: list[dict], names: dict[str, list[str]], baseline: str,
                    labels: list[str]) -> str:
     """One ``summarize`` table per job, each against that job's own baseline rows (the rows kept
     once, identical in every job, appear in each job's table)."""
-    from experiments.evaluate import summarize
-
     own_name = {n: p for p, variants in names.items() for n in variants}
     parts = []
     for label in labels:
@@ -174,8 +171,6 @@ def per_job_tables(rows: list[dict], names: dict[str, list[str]], baseline: str,
 def merge(sweep: Path, out: Path | None = None) -> dict[str, Path]:
     """Merge the sweep at ``sweep`` into ``out`` (default ``<sweep>/merged``); returns the
     ``summary.md`` written per evaluation path."""
-    from experiments.evaluate import summarize
-
     sweep = Path(sweep)
     out = Path(out) if out is not None else sweep / "merged"
     jobs = find_jobs(sweep)

@@ -7,12 +7,12 @@
 
 For each setting (a ``conf/experiment`` config) and each variant (Baseline RL, WA-RL, WG-RL:
 the same agent trained with reward ``baseline``, ``workload_aware``, ``workload_guided``), it
-runs :func:`experiments.train.train` into ``<run>/<setting>/<variant>/``; then one
-:func:`experiments.evaluate.evaluate` puts the trained agents and the heuristics on identical
+runs :func:`experiments._training.train` into ``<run>/<setting>/<variant>/``; then one
+:func:`experiments._evaluation.evaluate` puts the trained agents and the heuristics on identical
 seeded episodes (``<run>/<setting>/eval/``). ``reproduction.md`` holds one table per setting in
 the paper's format (mean E2E, reduction vs round robin with a 95% CI, router wait,
 preemptions) with the paper's reduction beside each row, and a header with the setting's load
-factor (offered rate / measured capacity, :func:`experiments.load_sweep.capacity_rps`), the
+factor (offered rate / measured capacity, :func:`llm_lb_gym.capacity.capacity_rps`), the
 training length and the wall times.
 
 The paper reports reductions (positive = faster than round robin); ``experiments.evaluate``
@@ -26,40 +26,25 @@ from llm_lb_gym.extras import require
 # before the imports below: name the extra, not a missing module
 require("rl", "llm-lb-gym reproduce")
 
-import contextlib
 import json
 import math
 import time
 from pathlib import Path
 
-import hydra
 import numpy as np
 from omegaconf import open_dict
 
-from experiments._hydra import (CONF_DIR, env_kwargs, hydra_main, run_dir, to_container,
-                                write_run_record)
+from experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
+from experiments._evaluation import evaluate
+from experiments._figures import reproduce_figures
+from experiments._hydra import compose, env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import progress_bar, say
-
+from experiments._tables import paired_change
+from experiments._training import train
+from llm_lb_gym.capacity import capacity_rps
 
 STEPS_PER_REQUEST_LIMIT = 20
 """Evaluation episodes stop after this many env steps per request (round robin needs ~1.2)."""
-
-
-@contextlib.contextmanager
-def _hydra_ready():
-    """Compose needs an initialised Hydra: the running app's, or a temporary one (tests)."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    if GlobalHydra.instance().is_initialized():
-        yield
-    else:
-        with hydra.initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-            yield
-
-
-def compose(config_name: str, overrides: list[str]):
-    with _hydra_ready():
-        return hydra.compose(config_name=config_name, overrides=overrides)
 
 
 def offered_rate_rps(kw: dict, seed: int) -> float:
@@ -88,8 +73,6 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
     positive = faster), the p99 E2E and its change, preemptions, router waits (mean and p99: the
     price of holding requests), the worst episode's distance from the router's median episode
     (a collapsing policy shows here), request accounting, and the paper's numbers."""
-    from experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
-    from experiments.evaluate import paired_change
 
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     by = {p: sorted((r for r in rows if r["policy"] == p), key=lambda r: r["seed"]) for p in policies}
@@ -146,7 +129,6 @@ def _variant_experiments(var) -> list[str]:
 
 
 def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
-    from experiments.train import train
 
     var = cfg.variants[key]
     overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={cfg.agent}",
@@ -168,8 +150,6 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
 def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
     """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate;
     ``bar`` (a progress bar over the run's stages) advances once per variant and evaluation."""
-    from experiments.evaluate import evaluate
-    from experiments.load_sweep import capacity_rps
     from llm_lb_gym._validate import ConfigError
 
     t0 = time.perf_counter()
@@ -249,7 +229,6 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
     """A trained variant on another instance count (its network runs on any m): the setting with
     ``num_instances`` and the arrival rate scaled by the same factor (the same load factor),
     against the heuristics there."""
-    from experiments.evaluate import evaluate
 
     src = next((r for r in results if r["setting"] == spec.setting), None)
     if src is None or spec.variant not in src["trained"]:
@@ -301,8 +280,6 @@ def reproduce(cfg, out: Path | None = None) -> dict:
     (out / "reproduction.json").write_text(json.dumps(
         [{k: v for k, v in r.items() if k not in ("eval", "table")} for r in results], indent=2, default=str))
     if cfg.get("figures", True):
-        from experiments.figures import reproduce_figures
-
         for path in reproduce_figures(out, out):
             print(f"figure: {path}")
     print(f"reproduction: {out / 'reproduction.md'} (wall {wall:.0f} s)")

@@ -24,8 +24,7 @@ import itertools
 
 import numpy as np
 
-from ._hydra import env_kwargs
-from .reproduce import compose
+from ._hydra import compose, env_kwargs
 
 
 def episode_mean_e2e(env, router: str, seeds, **options) -> np.ndarray:
