@@ -129,7 +129,7 @@ def test_paper_interference_scenario_on_the_v100_preset():
     50th iteration it takes 31 s. The V100 preset is fitted to both (experiments/paper_v100.py,
     which drives one engine directly, in the wall-clock reading); here the same scenario runs
     through the cluster and must give the same time."""
-    from experiments.paper_v100 import interference_s
+    from llm_lb_gym.calibration.paper_v100 import interference_s
 
     cfg = EngineConfig()
     lat = cfg.latency_model

@@ -238,7 +238,7 @@ def test_every_preset_runs_a_short_episode(name: str) -> None:
 
 @pytest.fixture(scope="module")
 def hardware_calibration():
-    from experiments.calibrate_hardware import calibrate_hardware
+    from llm_lb_gym.calibration.calibrate_hardware import calibrate_hardware
     from llm_lb_gym.data import DataNotFoundError
 
     try:

@@ -7,9 +7,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from experiments import calibrate as cal
-from experiments import paper_v100 as paper
-from experiments import vidur_profiles as vp
+from llm_lb_gym.calibration import calibrate as cal
+from llm_lb_gym.calibration import paper_v100 as paper
+from llm_lb_gym.calibration import vidur_profiles as vp
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.data import DataNotFoundError, default_data_dir
 from llm_lb_gym.sim.config import EngineConfig

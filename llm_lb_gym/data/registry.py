@@ -209,7 +209,7 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
             note="assembled by this project's developers from the public sources above; no public "
                  "download of the assembled file exists yet, so copy it from a developer's "
                  "../shared/data/text/ or pass path= to a JSONL corpus of your own"),
-    # -- GPU profiles (experiments.calibrate) --------------------------------------------------
+    # -- GPU profiles (llm_lb_gym.calibration) -------------------------------------------------
     _mlp("vidur_a100_llama2_7b_mlp", "a100", "Llama-2-7b-hf", "meta-llama/Llama-2-7b-hf",
          "bee57dafa1eb2dc422dcaec46a66975599a6a242",
          "2cfacca979f32e83257753cf6fd815a71af8ba9a7a9d0643b18d9f54e8a37688", 706_614, 1_044),

@@ -314,7 +314,8 @@ class HardwarePreset:
             what=f"preset {self.name}")
 
 
-# Coefficients: experiments/calibrate.py prints the fit; docs/calibration.md has sources and errors.
+# Coefficients: llm_lb_gym/calibration/calibrate.py fits them (python -m experiments.calibrate prints
+# the fit); docs/calibration.md has sources and errors.
 PRESETS: dict[str, HardwarePreset] = {}
 
 
