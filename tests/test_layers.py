@@ -1,5 +1,6 @@
 """Imports point down the layers: sim <- data <- workload <- predictor <- routers <- envs <-
-rollout, and the package never imports the top-level ``agents`` or ``experiments`` packages.
+rollout <- capacity <- calibration, and the package never imports the top-level ``agents`` or
+``experiments`` packages.
 
 Read from the source with ``ast`` (imports inside functions included), so a lazy import that
 goes the wrong way fails here rather than as a circular import in some user's process.
@@ -14,7 +15,7 @@ import pytest
 
 PACKAGE = "llm_lb_gym"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
-LAYERS = ("sim", "data", "workload", "predictor", "routers", "envs", "rollout")
+LAYERS = ("sim", "data", "workload", "predictor", "routers", "envs", "rollout", "capacity", "calibration")
 """Bottom first: a module may import its own layer and those before it."""
 SHARED = {f"{PACKAGE}._validate", f"{PACKAGE}.limits", f"{PACKAGE}.extras"}
 """Leaf helpers every layer may use (they import nothing of the package)."""
