@@ -326,8 +326,8 @@ class ObservationBuilder:
                 if self.f_need:
                     vals.append(0)
         kv = self.kv_tokens_list
-        extras = self.f_free or self.f_wait or self.f_since or self.f_prefix or self.f_speed or self.f_kv
-        custom = self.custom
+        extras = (self.f_free or self.f_wait or self.f_since or self.f_prefix or self.f_speed or self.f_kv
+                  or self.custom)
         for i, e in enumerate(cluster.engines):
             e.observe_into(vals, kv[i])
             if extras:
@@ -344,8 +344,8 @@ class ObservationBuilder:
                     vals.append(self.speed[i])
                 if self.f_kv:
                     vals.append(kv[i])
-            for feat in custom:
-                vals.append(feat.value(cluster, i))
+                for feat in self.custom:
+                    vals.append(feat.value(cluster, i))
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:
