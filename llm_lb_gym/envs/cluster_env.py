@@ -179,6 +179,9 @@ class LLMClusterEnv(gym.Env):
         self.observation_space = self.obs_builder.space()
         self.defer_action = self.k * self.m
         self.action_space = spaces.Discrete(self.defer_action + 1)
+        self._mask_idle_defer = act.mask_idle_defer
+        self._masks: dict[tuple[int, bool], np.ndarray] = {}   # see _mask_of
+        self._mask = self._mask_of(0, True)
         self._head_only = self.k == 1 and act.order == "oldest"
         self.guidance_episode = 0
         self._episode_ended = False
@@ -215,16 +218,23 @@ class LLMClusterEnv(gym.Env):
     def action_masks(self) -> np.ndarray:
         """Valid actions: route one of the current candidates to any instance; defer, unless
         requests wait on an idle cluster (``action.mask_idle_defer``) or, under
-        ``action.masked=fallback``, the episode's defers have used ``action.defer_budget``."""
-        mask = np.zeros(self.defer_action + 1, dtype=bool)
-        n = len(self._cands)
-        if n:
+        ``action.masked=fallback``, the episode's defers have used ``action.defer_budget``.
+
+        A fresh array, as in ``info["action_mask"]`` (callers keep them): a copy of the mask
+        worked out when the observation was made (it changes only then, at a reset or a step's
+        end), which is cheaper than building one."""
+        return self._mask.copy()
+
+    def _mask_of(self, n: int, defer_ok: bool) -> np.ndarray:
+        """The mask routing ``n`` candidates, with defer allowed or not: built on first use and
+        kept read-only (handed out as copies), as building one per step cost more than copying."""
+        mask = self._masks.get((n, defer_ok))
+        if mask is None:
+            mask = np.zeros(self.defer_action + 1, dtype=bool)
             mask[:n * self.m] = True
-            c = self.cluster
-            mask[-1] = not ((self.cfg.action.mask_idle_defer and all(e.idle() for e in c.engines))
-                            or self._defer_budget_spent())
-        else:
-            mask[-1] = True
+            mask[-1] = defer_ok
+            mask.setflags(write=False)
+            self._masks[n, defer_ok] = mask
         return mask
 
     def _defer_budget_spent(self) -> bool:
@@ -307,9 +317,11 @@ class LLMClusterEnv(gym.Env):
         return obs, self._info(-self._pen_unit * pen, comp, 0.0, 0.0, 1.0, rc.slo_reward * met)
 
     def step(self, action):
-        a = coerce_action(action, self.defer_action + 1)
+        n_actions = self.defer_action + 1
+        # coerce_action's first case inline: a plain int in range needs no call.
+        a = action if type(action) is int and 0 <= action < n_actions else coerce_action(action, n_actions)
         if self._fallback_on and self.cluster is not None and self.cluster.queue \
-                and not self.action_masks()[a]:
+                and not self._mask[a]:
             return self._fallback_step()
         if a < len(self._cands) * self.m:
             rid = self._cands[a // self.m]
@@ -418,8 +430,9 @@ class LLMClusterEnv(gym.Env):
             if position is None:
                 return -rc.mismatch_penalty
             rid = c.queue[position]
-            return guidance_term([e.committed_tokens for e in c.engines], c.table.prompt[rid],
-                                 c.table.pred[rid], instance, rc)
+            tb = c.table
+            return guidance_term([e.committed_tokens for e in c.engines], tb.prompt[rid],
+                                 tb.pred[rid], instance, rc)
         choice = decide(c, self._teacher)
         if choice is None:
             return 0.0 if position is None else -rc.mismatch_penalty
@@ -430,8 +443,28 @@ class LLMClusterEnv(gym.Env):
         return 0.0 if same else -rc.mismatch_penalty
 
     def _observe(self):
-        self._cands = self._candidates()
-        return self.obs_builder.observe(self.cluster, self._cands)
+        """The observation now. Also fixes the candidates and the action mask: they change
+        only here (at a reset or a step's end), so ``step`` and ``action_masks`` read them."""
+        if self._head_only:
+            q = self.cluster.queue
+            cands = (q[0],) if q else ()
+        else:
+            cands = self._candidates()
+        self._cands = cands
+        n = len(cands)
+        defer_ok = True   # with no candidate only defer is valid
+        if n:
+            if self._mask_idle_defer:   # requests wait on an idle cluster: no defer
+                for e in self.cluster.engines:
+                    if not e.idle():
+                        break
+                else:
+                    defer_ok = False
+            if defer_ok and self._guarded and self._defer_budget_spent():
+                defer_ok = False
+        mask = self._masks.get((n, defer_ok))
+        self._mask = mask if mask is not None else self._mask_of(n, defer_ok)
+        return self.obs_builder.observe(self.cluster, cands)
 
     def _candidates(self) -> tuple[int, ...]:
         """The request ids the agent may route now (``ActionConfig``)."""
@@ -528,7 +561,7 @@ class LLMClusterEnv(gym.Env):
         return {
             "time_s": c.t,
             "queue_len": len(c.queue),
-            "action_mask": self.action_masks(),
+            "action_mask": self._mask.copy(),
             "reward_components": {"penalty": penalty, "completion": completion, "guidance": guidance,
                                   "slo": slo},
             "guidance_weight": self._w,

@@ -210,6 +210,15 @@ class ObservationBuilder:
         kv_max = max(kv_list)
         s_req = 1.0 / num_requests if norm else 1.0
         self.round = cfg.round_decimals
+        self._queue_cap = cfg.queue_cap
+        self._cand_extras = self.f_age or self.f_need
+        self._inst_extras = bool(self.f_free or self.f_wait or self.f_since or self.f_prefix
+                                 or self.f_speed or self.f_kv or self.custom)
+        self._no_candidate = (0,) * self.layout.candidate_dim
+        # The paper's global and candidate blocks (queue length, one head request): filled in
+        # one list display by observe. One KV size for all instances: passed as is.
+        self._paper_head = self.k == 1 and not (self.f_arrivals or self._cand_extras)
+        self._kv_all = kv_list[0] if len(set(kv_list)) == 1 else None
         lo, hi, scale = [], [], []
 
         def add(low, high, sc):
@@ -301,51 +310,35 @@ class ObservationBuilder:
 
     def observe(self, cluster, candidates=None):
         """Build the observation from the cluster's O(1) aggregates. ``candidates``: the request
-        ids of the candidate slots (default: the router-queue head)."""
+        ids of the candidate slots (default: the router-queue head).
+
+        The env calls this once per step: the paper's blocks are filled without a feature test
+        per value, the extra features in their own helpers. The array is new every time
+        (Gymnasium's checker warns when two steps' observations share memory; buffers keep them)."""
         tb = cluster.table
         q = cluster.queue
-        vals = [min(len(q), self.cfg.queue_cap)]
-        if self.f_arrivals:
-            vals.append(tb.n - cluster.n_arrived)
         if candidates is None:
             candidates = (q[0],) if q else ()
-        t = cluster.t
-        bs = self.block_size
-        for j in range(self.k):
-            if j < len(candidates):
-                r = candidates[j]
-                vals += (tb.prompt[r], tb.decode_bucket[r], tb.pred[r])
-                if self.f_age:
-                    vals.append(t - tb.arrival_s[r])
-                if self.f_need:
-                    vals.append(-(-(tb.prompt[r] + tb.pred[r]) // bs))
+        if self._paper_head:   # prompt tokens, predicted decode bucket, predicted decode tokens
+            if candidates:
+                r = candidates[0]
+                vals = [min(len(q), self._queue_cap), tb.prompt[r], tb.decode_bucket[r], tb.pred[r]]
             else:
-                vals += (0, 0, 0)
-                if self.f_age:
-                    vals.append(0)
-                if self.f_need:
-                    vals.append(0)
-        kv = self.kv_tokens_list
-        extras = (self.f_free or self.f_wait or self.f_since or self.f_prefix or self.f_speed or self.f_kv
-                  or self.custom)
-        for i, e in enumerate(cluster.engines):
-            e.observe_into(vals, kv[i])
-            if extras:
-                if self.f_free:
-                    vals.append(e.free_blocks)
-                if self.f_wait:   # O(1) aggregates: prompt (+ generated) + predicted decode left
-                    vals.append((e.pending_prefill_tokens + e.wait_left) / self.inst_block_size[i])
-                if self.f_since:   # since the last route there, or since the episode began
-                    last = cluster.last_route_s[i]
-                    vals.append(t - last if last > 0.0 else t)
-                if self.f_prefix:   # the engine's own lookup (what a cache-aware gateway asks)
-                    vals.append(e.cached_prefix_tokens(q[0]) if q else 0)
-                if self.f_speed:
-                    vals.append(self.speed[i])
-                if self.f_kv:
-                    vals.append(kv[i])
-                for feat in self.custom:
-                    vals.append(feat.value(cluster, i))
+                vals = [min(len(q), self._queue_cap), 0, 0, 0]
+        else:
+            vals = [min(len(q), self._queue_cap)]
+            if self.f_arrivals:
+                vals.append(tb.n - cluster.n_arrived)
+            self._candidates_into(vals, cluster, candidates)
+        if self._inst_extras:
+            self._instances_into(vals, cluster)
+        elif self._kv_all is not None:
+            kv = self._kv_all
+            for e in cluster.engines:
+                e.observe_into(vals, kv)
+        else:
+            for e, kv in zip(cluster.engines, self.kv_tokens_list):
+                e.observe_into(vals, kv)
         if self.round is not None:
             rnd = self.round
             for i in self._round_idx:
@@ -355,6 +348,53 @@ class ObservationBuilder:
         if not self.cfg.as_dict:
             return flat
         return self.to_dict(flat)
+
+    def _candidates_into(self, vals: list, cluster, candidates) -> None:
+        """The k candidate blocks, with ``age`` and ``block_need`` when on (0s for an empty slot)."""
+        tb = cluster.table
+        t = cluster.t
+        bs = self.block_size
+        if not self._cand_extras:
+            n = len(candidates)
+            for j in range(n if n < self.k else self.k):
+                r = candidates[j]
+                vals += (tb.prompt[r], tb.decode_bucket[r], tb.pred[r])
+            if n < self.k:
+                vals += self._no_candidate * (self.k - n)
+            return
+        for j in range(self.k):
+            if j < len(candidates):
+                r = candidates[j]
+                vals += (tb.prompt[r], tb.decode_bucket[r], tb.pred[r])
+                if self.f_age:
+                    vals.append(t - tb.arrival_s[r])
+                if self.f_need:
+                    vals.append(-(-(tb.prompt[r] + tb.pred[r]) // bs))
+            else:
+                vals += self._no_candidate
+
+    def _instances_into(self, vals: list, cluster) -> None:
+        """Instance blocks with extra features."""
+        q = cluster.queue
+        t = cluster.t
+        kv = self.kv_tokens_list
+        for i, e in enumerate(cluster.engines):
+            e.observe_into(vals, kv[i])
+            if self.f_free:
+                vals.append(e.free_blocks)
+            if self.f_wait:   # O(1) aggregates: prompt (+ generated) + predicted decode left
+                vals.append((e.pending_prefill_tokens + e.wait_left) / self.inst_block_size[i])
+            if self.f_since:   # since the last route there, or since the episode began
+                last = cluster.last_route_s[i]
+                vals.append(t - last if last > 0.0 else t)
+            if self.f_prefix:   # the engine's own lookup (what a cache-aware gateway asks)
+                vals.append(e.cached_prefix_tokens(q[0]) if q else 0)
+            if self.f_speed:
+                vals.append(self.speed[i])
+            if self.f_kv:
+                vals.append(kv[i])
+            for feat in self.custom:
+                vals.append(feat.value(cluster, i))
 
     def to_dict(self, flat: np.ndarray) -> dict:
         m, n_p, n_d, per = self.m, self.n_p, self.n_d, self.per

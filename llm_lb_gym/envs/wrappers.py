@@ -22,7 +22,8 @@ class FinalMetrics(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.Wrapper.__init__(self, env)
 
     def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        if truncated and info.get("metrics") is None:
-            info["metrics"] = self.env.unwrapped.metrics()
-        return obs, reward, terminated, truncated, info
+        # Every step passes here: the tuple goes back as it came (no unpacking, no new tuple).
+        out = self.env.step(action)
+        if out[3] and out[4].get("metrics") is None:   # truncated, and the env did not end it
+            out[4]["metrics"] = self.env.unwrapped.metrics()
+        return out

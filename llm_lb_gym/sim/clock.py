@@ -50,7 +50,13 @@ def grid_index_at_or_after(t: float, dt: float, k_min: int) -> int:
         raise ArrivalLimitError(
             f"time {t!r} s is beyond the decision grid: time / decision_interval_s must stay "
             f"below 2**52 (arrival times are limited to MAX_ARRIVAL_S={MAX_ARRIVAL_S:g} s)")
-    k = max(k_min, math.ceil(q))
+    k = math.ceil(q)
+    if k < k_min:
+        k = k_min
+    # Usually exact already (the env's fast-forward asks once per step): return without the
+    # loops, which would leave k as it is.
+    if k * dt >= t and (k <= k_min or (k - 1) * dt < t):
+        return k
     for _ in range(8):
         if k * dt >= t:
             break
@@ -149,4 +155,4 @@ def fast_forward(cluster: Cluster, k: int, dt: float, w0: float = 1.0,
         if cluster.done:
             return 0.0, k, 0, 0.0, 0.0
         return cluster.run_grid(k, dt, None, w0, g)
-    return cluster.run_grid(k, dt, next_decision_index(cluster, k, dt), w0, g)
+    return cluster.run_grid(k, dt, grid_index_at_or_after(cluster.next_arrival_s, dt, k + 1), w0, g)
