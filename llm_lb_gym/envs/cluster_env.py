@@ -187,6 +187,10 @@ class LLMClusterEnv(gym.Env):
         self._episode_ended = False
         self._dt = cfg.decision_interval_s
         rc = cfg.reward
+        # Read once per step: kept as plain attributes (the configs are frozen).
+        self._one_per_interval = cfg.one_action_per_interval
+        self._completion_reward, self._slo_weight = rc.completion_reward, rc.slo_reward
+        self._gamma = rc.gamma
         self._semi_mdp = rc.discount == "semi_mdp"
         self._latency_penalty = rc.penalty == "latency"
         self._slo_reward = rc.slo_reward != 0.0
@@ -396,7 +400,7 @@ class LLMClusterEnv(gym.Env):
         elif c.queue:
             self._defers += 1
         pen = comp = met = 0.0
-        if position is None or self.cfg.one_action_per_interval:
+        if position is None or self._one_per_interval:
             p, n, nm = self._tick()      # the step's first interval: weight 1
             pen += p
             comp += n
@@ -405,14 +409,13 @@ class LLMClusterEnv(gym.Env):
         pen += p
         comp += n
         met += nm
-        rc = self.cfg.reward
         penalty = -self._pen_unit * pen
-        completion = rc.completion_reward * comp
+        completion = self._completion_reward * comp
         guidance = self._w * h
-        slo = rc.slo_reward * met
+        slo = self._slo_weight * met
         reward = penalty + completion + guidance + slo
         dt = (self._k - k_start) * self._dt
-        discount = (self._g ** (self._k - k_start) if self._semi_mdp else rc.gamma) * self._lambda
+        discount = (self._g ** (self._k - k_start) if self._semi_mdp else self._gamma) * self._lambda
         terminated = c.all_arrived and not c.queue and c.done
         obs = self._observe()
         info = self._info(penalty, completion, guidance, dt, discount, slo)

@@ -15,6 +15,7 @@ every instance only tiny KV caches make this stricter than the largest instance'
 from __future__ import annotations
 
 import math
+import sys
 from collections import deque
 
 from ._compiled import engine_class
@@ -34,6 +35,8 @@ class Cluster:
                    num_decode_buckets=num_decode_buckets, check=check)
             for i, e in enumerate(cfg.engines)
         ]
+        # run_grid's pass over the instances, from the engine's own module (compiled or pure).
+        self._grid_penalties = sys.modules[Engine.__module__].grid_penalties
         self.speeds = InstanceSpeeds(cfg.engines)
         # The in-system penalty: sum of inv_ideal * (1 - progress) (the paper's), or with
         # ``count_penalty`` the number of requests in the system (total latency's integrand).
@@ -182,14 +185,7 @@ class Cluster:
             T = k_end * dt
         else:
             assert k1 > k0 and (self._next >= self.table.n or self.table.arrival_s[self._next] > (k1 - 1) * dt)
-            total = 0.0
-            for e in self.engines:
-                fin -= e.n_finished
-                e.fin_weight = e.met_weight = 0.0
-                total += e.grid_penalty(k0, dt, k1, w, g)
-                fin += e.n_finished
-                fin_w += e.fin_weight
-                met_w += e.met_weight
+            total, fin, fin_w, met_w = self._grid_penalties(self.engines, k0, dt, k1, w, g)
             T = k1 * dt
             self.advance_to(T)     # the last point takes the arrivals (instances are there already)
             total += (w * g ** (k1 - k0 - 1)) * self.queue_penalty   # exactly queue_penalty if w = g = 1

@@ -95,3 +95,7 @@ cdef class Engine:
     cpdef _plan(self)
     @cython.locals(t0=double, a=double, c=double, k=long, n=long, G=long)
     cpdef _decode(self, double T)
+
+
+@cython.locals(e=Engine, total=double, fin=long, fin_w=double, met_w=double)
+cpdef tuple grid_penalties(list engines, long k0, double dt, long k1, double w=*, double g=*)
