@@ -35,8 +35,10 @@ class Cluster:
                    num_decode_buckets=num_decode_buckets, check=check)
             for i, e in enumerate(cfg.engines)
         ]
-        # run_grid's pass over the instances, from the engine's own module (compiled or pure).
-        self._grid_penalties = sys.modules[Engine.__module__].grid_penalties
+        # tick's and run_grid's passes over the instances, from the engine's own module
+        # (compiled or pure): C loops in the compiled build.
+        module = sys.modules[Engine.__module__]
+        self._tick_penalties, self._grid_penalties = module.tick_penalties, module.grid_penalties
         self.speeds = InstanceSpeeds(cfg.engines)
         # The in-system penalty: sum of inv_ideal * (1 - progress) (the paper's), or with
         # ``count_penalty`` the number of requests in the system (total latency's integrand).
@@ -147,13 +149,7 @@ class Cluster:
         tb = self.table
         if self._next < tb.n and tb.arrival_s[self._next] <= T:
             self.advance_to(T)
-        pen = 0.0
-        fin = 0
-        for e in self.engines:
-            if e.t < T:
-                e.advance_to(T)
-            pen += e.penalty()
-            fin += e.n_finished
+        pen, fin = self._tick_penalties(self.engines, T)
         self.t = T
         return pen + self.queue_penalty, fin
 

@@ -99,3 +99,5 @@ cdef class Engine:
 
 @cython.locals(e=Engine, total=double, fin=long, fin_w=double, met_w=double)
 cpdef tuple grid_penalties(list engines, long k0, double dt, long k1, double w=*, double g=*)
+@cython.locals(e=Engine, pen=double, fin=long)
+cpdef tuple tick_penalties(list engines, double T)
