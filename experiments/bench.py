@@ -7,6 +7,18 @@
     python -m experiments.bench prefix     # both with engine.enable_prefix_caching on
     python -m experiments.bench mixed      # both on a mixed cluster (2 x A100 + 2 x V100)
     python -m experiments.bench learner    # Double DQN training speed on the learned router
+    python -m experiments.bench env --save-baseline   # make these figures the saved baseline
+
+Baseline: every run prints each speed figure's ratio to the one saved in
+``experiments/bench_baseline.json`` (committed; per part, labelled with the package version, the
+date, the command and the machine: CPU model, cores, Python, engine implementation, load
+average) and flags REGRESSION where a figure is more than ``--tolerance`` (15%) slower, so a
+change that slows the simulator or the env shows here, not by accident. Ratios > 1 are faster.
+Behaviour figures (completions, latencies, steps per episode) are compared for equality: a
+difference there means the dynamics changed, and the speed ratio compares different work.
+``--save-baseline`` stores the parts just run (the others are kept); do it when a version is
+released, on a quiet machine (this host's speed swings by up to 2x with other load: compare
+figures taken in one sitting, and read the load average printed with both).
 
 Prefix caching (``prefix``): the multi-turn ``conversation`` workload (hash blocks of 16
 tokens) on 4 instances with ``engine.enable_prefix_caching``, routed round robin on arrival
@@ -34,18 +46,27 @@ robin on arrival gives each V100 the same load as there, the A100s run lighter),
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import math
 import os
 import platform
+import re
 import resource
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
 from experiments._hydra import compose, env_kwargs
 
 MIXED_INSTANCES = ({"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2})
+BASELINE_PATH = Path(__file__).with_name("bench_baseline.json")
+TOLERANCE = 0.15
+"""A speed figure more than 15% slower than the baseline's is flagged (the host's own swings
+within one sitting stay under about 10% on CPU-time figures; across sittings they reach 2x)."""
 
 
 def _batch(n: int, rate: float, seed: int):
@@ -134,6 +155,7 @@ def bench_env(episodes: int, seed: int = 0, policies: tuple[str, ...] = ("round_
         out[f"{policy}_steps_per_cpu_s_median_episode"] = float(np.median(per_episode))
         out[f"{policy}_steps_per_cpu_s_best_episode"] = max(per_episode)
         out[f"{policy}_steps_per_episode"] = steps / episodes
+        out[f"{policy}_cpu_us_per_step"] = 1e6 * c_steps / steps
     return out
 
 
@@ -185,6 +207,125 @@ def env_speed(episodes: int = 1, seed: int = 0) -> dict:
     return {k: v for k, v in r.items() if k.startswith("round_robin_steps_per")}
 
 
+def machine_facts() -> dict:
+    """What a figure depends on besides the code: printed with every run, saved with a baseline."""
+    from llm_lb_gym.sim._compiled import implementation
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "system": platform.system(), "engine": implementation(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "load_average_1min_at_start": round(os.getloadavg()[0], 2)}
+
+
+def direction(key: str) -> int:
+    """+1: a rate (higher is faster), -1: a time or a memory size (lower is better), 0: a
+    behaviour figure (what was simulated, not how fast)."""
+    if re.search(r"_per_(s|cpu_s|wall_s)(_|$)", key):   # requests_per_s, steps_per_cpu_s_...
+        return 1
+    if key.endswith(("_wall_s", "_us_per_step")) or "bytes_per_request" in key or key == "max_rss_mib":
+        return -1
+    return 0
+
+
+def compare(figures: dict, base: dict | None, tolerance: float) -> tuple[dict, list[str]]:
+    """Per figure, its note against the baseline's; and the regressions (speed figures more than
+    ``tolerance`` slower). Speed ratios are oriented so that > 1 means faster than the baseline.
+    (A yardstick of the host's speed, a fixed Python loop timed around each part, was tried to
+    factor out other load: on this shared host it swung more than the figures themselves.)"""
+    notes, regressions = {}, []
+    if not base:
+        return notes, regressions
+    old = base.get("figures", {})
+    for k, v in figures.items():
+        b = old.get(k)
+        if b is None or isinstance(v, str) or isinstance(b, str):
+            if b is not None and b != v:
+                notes[k] = f"baseline {b}: differs"
+            continue
+        d = direction(k)
+        if d == 0:
+            if b != v and not (isinstance(v, float) and math.isclose(v, b, rel_tol=1e-9)):
+                notes[k] = f"baseline {b:,.6g}: differs (the dynamics changed)"
+            continue
+        if not (v > 0 and b > 0):
+            continue
+        ratio = v / b if d > 0 else b / v
+        flag = ""
+        if ratio < 1.0 / (1.0 + tolerance):
+            flag = f"  REGRESSION (more than {tolerance:.0%} slower)"
+            regressions.append(f"{base['section']}: {k} {ratio:.2f}x")
+        notes[k] = f"baseline {b:,.1f}: {ratio:.2f}x{flag}"
+    return notes, regressions
+
+
+def _fmt(v, digits: int) -> str:
+    return f"{v:,.{digits}f}" if isinstance(v, float) else str(v)
+
+
+class Report:
+    """Prints each part's figures with their ratios to the saved baseline, and saves them."""
+
+    def __init__(self, path: Path, tolerance: float, command: str, facts: dict):
+        self.path, self.tolerance, self.command, self.facts = path, tolerance, command, facts
+        self.saved = json.loads(path.read_text()) if path.exists() else {}
+        self.parts: dict = {}
+        self.regressions: list[str] = []
+
+    def section(self, title: str, key: str, figures: dict, digits: int = 1) -> None:
+        base = self.saved.get(key)
+        notes, bad = compare(figures, dict(base, section=title) if base else None, self.tolerance)
+        self.regressions += bad
+        print(f"\n## {title}")
+        for k, v in figures.items():
+            note = notes.get(k)
+            print(f"{k}: {_fmt(v, digits)}" + (f"   ({note})" if note else ""))
+        self.parts[key] = figures
+
+    def summary(self) -> None:
+        from llm_lb_gym import __version__
+
+        keys = [k for k in self.parts if k in self.saved]
+        if not keys:
+            print(f"\nno baseline for these parts in {self.path} (--save-baseline saves one)")
+            return
+        labels = {(self.saved[k]["package_version"], self.saved[k]["saved_utc"][:10],
+                   self.saved[k]["machine"]["cpu"], self.saved[k]["machine"]["engine"],
+                   self.saved[k]["machine"]["load_average_1min_at_start"]) for k in keys}
+        print(f"\nbaseline ({self.path.name}): " + "; ".join(
+            f"package {v} saved {d} on {cpu}, engine {eng}, load average {la}" for v, d, cpu, eng, la in labels)
+            + f"; this run: package {__version__}")
+        here = self.facts
+        for k in keys:
+            there = self.saved[k]["machine"]
+            for fact in ("cpu", "engine", "cores"):
+                if there.get(fact) != here[fact]:
+                    print(f"note: {k} was saved with {fact}={there.get(fact)!r}, this run has "
+                          f"{here[fact]!r}: the ratios compare different setups")
+        if self.regressions:
+            print(f"REGRESSIONS beyond {self.tolerance:.0%} (rerun in a quiet moment before believing "
+                  "one: compare the load averages):\n  " + "\n  ".join(self.regressions))
+        else:
+            print(f"no speed figure more than {self.tolerance:.0%} slower than the baseline")
+
+    def save(self) -> None:
+        from llm_lb_gym import __version__
+
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        for key, figures in self.parts.items():
+            self.saved[key] = {"package_version": __version__, "saved_utc": now,
+                               "command": self.command, "machine": self.facts, "figures": figures}
+        self.path.write_text(json.dumps(dict(sorted(self.saved.items())), indent=1) + "\n")
+        print(f"\nsaved {', '.join(self.parts)} as the baseline in {self.path}")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed", "learner"), default="all")
@@ -198,48 +339,44 @@ def main(argv=None) -> None:
                     help="Hydra overrides on the learned-router config (learner), e.g. agent.kwargs.batch_size=64")
     ap.add_argument("--mixed-rate", type=float, default=5.0,
                     help="Poisson rate (req/s) of the mixed-cluster simulator run")
+    ap.add_argument("--baseline", type=Path, default=BASELINE_PATH,
+                    help="saved figures to compare with (default: experiments/bench_baseline.json)")
+    ap.add_argument("--save-baseline", action="store_true",
+                    help="store this run's figures in --baseline (parts not run are kept)")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE,
+                    help="flag speed figures slower than the baseline by more than this share")
+    ap.add_argument("--strict", action="store_true", help="exit with status 1 on a flagged regression")
     args = ap.parse_args(argv)
-    from llm_lb_gym.sim._compiled import implementation
+    from llm_lb_gym import __version__
 
-    print(f"python {platform.python_version()} on {platform.machine()}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, one process, "
-          f"engine: {implementation()}, load average (1 min) at start: {os.getloadavg()[0]:.2f}")
+    facts = machine_facts()
+    print(f"llm_lb_gym {__version__}, python {facts['python']} on {facts['cpu']} ({facts['cores']} cores), "
+          f"OMP_NUM_THREADS={facts['omp_num_threads']}, one process, engine: {facts['engine']}, "
+          f"load average (1 min) at start: {facts['load_average_1min_at_start']:.2f}")
+    command = "python -m experiments.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    rep = Report(args.baseline, args.tolerance, command.strip(), facts)
     if args.part in ("all", "sim"):
-        r = bench_sim(args.requests, args.rate)
-        print("\n## simulator")
-        for k, v in r.items():
-            print(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}")
+        rep.section("simulator", "simulator", bench_sim(args.requests, args.rate), digits=3)
     if args.part in ("all", "env"):
-        r = bench_env(args.episodes)
-        print("\n## LLMCluster-v0 (default config)")
-        for k, v in r.items():
-            print(f"{k}: {v:,.1f}")
+        rep.section("LLMCluster-v0 (default config)", "env", bench_env(args.episodes))
     if args.part == "learner":
-        from llm_lb_gym import __version__
         from experiments.bench_learner import bench_learner   # needs the rl extra
 
-        print(f"llm_lb_gym {__version__}")
         r = bench_learner(args.learner_steps, args.learner_warmup, overrides=tuple(args.learner_overrides))
-        print("\n## Double DQN training, learned router")
-        for k, v in r.items():
-            print(f"{k}: {v:,.1f}" if isinstance(v, float) else f"{k}: {v}")
-        print("\n## LLMCluster-v0 alone, same options (round-robin actions)")
-        for k, v in env_speed().items():
-            print(f"{k}: {v:,.1f}")
+        rep.section("Double DQN training, learned router", "learner", r)
+        rep.section("LLMCluster-v0 alone, same options (round-robin actions)", "learner_env", env_speed())
     if args.part == "prefix":
-        r = bench_prefix(args.requests, args.episodes)
-        print("\n## prefix caching")
-        for k, v in r.items():
-            print(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}")
+        rep.section("prefix caching", "prefix", bench_prefix(args.requests, args.episodes), digits=3)
     if args.part in ("all", "mixed"):
-        r = bench_sim(args.requests, args.mixed_rate, instances=MIXED_INSTANCES, memory=False)
-        print("\n## simulator, mixed cluster")
-        for k, v in r.items():
-            print(f"{k}: {v:,.3f}" if isinstance(v, float) else f"{k}: {v}")
-        r = bench_env(args.episodes, instances=MIXED_INSTANCES)
-        print("\n## LLMCluster-v0, mixed cluster (2 x llama2-7b-a100 + 2 x llama2-7b-v100, default options)")
-        for k, v in r.items():
-            print(f"{k}: {v:,.1f}")
+        rep.section("simulator, mixed cluster", "mixed_simulator",
+                    bench_sim(args.requests, args.mixed_rate, instances=MIXED_INSTANCES, memory=False), digits=3)
+        rep.section("LLMCluster-v0, mixed cluster (2 x llama2-7b-a100 + 2 x llama2-7b-v100, default options)",
+                    "mixed_env", bench_env(args.episodes, instances=MIXED_INSTANCES))
+    rep.summary()
+    if args.save_baseline:
+        rep.save()
+    if args.strict and rep.regressions:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":
