@@ -35,9 +35,10 @@ class Cluster:
                    num_decode_buckets=num_decode_buckets, check=check)
             for i, e in enumerate(cfg.engines)
         ]
-        # tick's and run_grid's passes over the instances, from the engine's own module
-        # (compiled or pure): C loops in the compiled build.
+        # advance_to's, tick's and run_grid's passes over the instances, from the engine's own
+        # module (compiled or pure): C loops in the compiled build.
         module = sys.modules[Engine.__module__]
+        self._advance_all = module.advance_all
         self._tick_penalties, self._grid_penalties = module.tick_penalties, module.grid_penalties
         self.speeds = InstanceSpeeds(cfg.engines)
         # The in-system penalty: sum of inv_ideal * (1 - progress) (the paper's), or with
@@ -90,9 +91,7 @@ class Cluster:
         while self._next < tb.n and arr[self._next] <= T:
             self._arrive(self._next)
             self._next += 1
-        for e in self.engines:
-            if e.t < T:
-                e.advance_to(T)
+        self._advance_all(self.engines, T)
         self.t = T
 
     def _arrive(self, rid: int) -> None:

@@ -101,3 +101,5 @@ cdef class Engine:
 cpdef tuple grid_penalties(list engines, long k0, double dt, long k1, double w=*, double g=*)
 @cython.locals(e=Engine, pen=double, fin=long)
 cpdef tuple tick_penalties(list engines, double T)
+@cython.locals(e=Engine)
+cpdef advance_all(list engines, double T)
