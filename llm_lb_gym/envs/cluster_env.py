@@ -180,8 +180,9 @@ class LLMClusterEnv(gym.Env):
         self.defer_action = self.k * self.m
         self.action_space = spaces.Discrete(self.defer_action + 1)
         self._mask_idle_defer = act.mask_idle_defer
-        self._masks: dict[tuple[int, bool], np.ndarray] = {}   # see _mask_of
+        self._masks: dict[int, np.ndarray] = {}   # see _mask_of
         self._mask = self._mask_of(0, True)
+        self._valid_routes, self._defer_ok = 0, True   # the mask's content (see _observe)
         self._head_only = self.k == 1 and act.order == "oldest"
         self.guidance_episode = 0
         self._episode_ended = False
@@ -191,6 +192,7 @@ class LLMClusterEnv(gym.Env):
         self._one_per_interval = cfg.one_action_per_interval
         self._completion_reward, self._slo_weight = rc.completion_reward, rc.slo_reward
         self._gamma = rc.gamma
+        self._reward_cfg = rc
         self._semi_mdp = rc.discount == "semi_mdp"
         self._latency_penalty = rc.penalty == "latency"
         self._slo_reward = rc.slo_reward != 0.0
@@ -232,13 +234,13 @@ class LLMClusterEnv(gym.Env):
     def _mask_of(self, n: int, defer_ok: bool) -> np.ndarray:
         """The mask routing ``n`` candidates, with defer allowed or not: built on first use and
         kept read-only (handed out as copies), as building one per step cost more than copying."""
-        mask = self._masks.get((n, defer_ok))
+        mask = self._masks.get(2 * n + defer_ok)
         if mask is None:
             mask = np.zeros(self.defer_action + 1, dtype=bool)
             mask[:n * self.m] = True
             mask[-1] = defer_ok
             mask.setflags(write=False)
-            self._masks[n, defer_ok] = mask
+            self._masks[2 * n + defer_ok] = mask
         return mask
 
     def _defer_budget_spent(self) -> bool:
@@ -324,10 +326,11 @@ class LLMClusterEnv(gym.Env):
         n_actions = self.defer_action + 1
         # coerce_action's first case inline: a plain int in range needs no call.
         a = action if type(action) is int and 0 <= action < n_actions else coerce_action(action, n_actions)
+        valid = self._valid_routes
         if self._fallback_on and self.cluster is not None and self.cluster.queue \
-                and not self._mask[a]:
+                and not (a < valid or (a == n_actions - 1 and self._defer_ok)):   # masked
             return self._fallback_step()
-        if a < len(self._cands) * self.m:
+        if a < valid:
             rid = self._cands[a // self.m]
             q = self.cluster.queue
             pos = 0 if q[0] == rid else q.index(rid)
@@ -394,7 +397,15 @@ class LLMClusterEnv(gym.Env):
         if c is None:
             raise RuntimeError("step() before reset()")
         k_start = self._k
-        h = self._guidance(position, instance) if self._guided and c.queue else 0.0
+        h = 0.0
+        if self._guided and c.queue:
+            if self._teacher is None and position is not None:   # the mixing estimator (inline)
+                rid = c.queue[position]
+                tb = c.table
+                h = guidance_term([e.committed_tokens for e in c.engines], tb.prompt[rid],
+                                  tb.pred[rid], instance, self._reward_cfg)
+            else:
+                h = self._guidance(position, instance)
         if position is not None:
             c.route(instance, position)
         elif c.queue:
@@ -465,8 +476,10 @@ class LLMClusterEnv(gym.Env):
                     defer_ok = False
             if defer_ok and self._guarded and self._defer_budget_spent():
                 defer_ok = False
-        mask = self._masks.get((n, defer_ok))
+        mask = self._masks.get(2 * n + defer_ok)
         self._mask = mask if mask is not None else self._mask_of(n, defer_ok)
+        # What step checks an action against (a tuple indexes faster than an array).
+        self._valid_routes, self._defer_ok = n * self.m, defer_ok
         return self.obs_builder.observe(self.cluster, cands)
 
     def _candidates(self) -> tuple[int, ...]:
