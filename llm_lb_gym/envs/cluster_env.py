@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 from .._validate import check_choice, reject_unexpected_keywords
 from ..routers.drive import decide
-from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, fast_forward, next_decision_index
+from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, next_decision_index, skip_to_decision
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.metrics import episode_metrics, prefix_cache_metrics
@@ -554,17 +554,8 @@ class LLMClusterEnv(gym.Env):
                 met += w * nm
                 count += n
             return pen, comp, count, met
-        dt = self._dt
-        while not c.queue:
-            last = c.all_arrived        # after the last arrival: one drain, then the episode ends
-            p, self._k, n, nw, mw = fast_forward(c, self._k, dt, g ** (self._k - k_start), g)
-            pen += p
-            comp += nw
-            met += mw
-            count += n
-            self._finished_seen += n
-            if last:
-                break
+        pen, self._k, count, comp, met = skip_to_decision(c, self._k, self._dt, k_start, g)
+        self._finished_seen += count
         if self._slo_reward:
             self._met_seen = c.n_slo_met   # run_grid weighs them; _tick counts from here
         else:

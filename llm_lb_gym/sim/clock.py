@@ -144,15 +144,31 @@ def drain(cluster: Cluster, route_all: RouteAll, k: int, dt: float) -> None:
         e.advance_to(math.inf)
 
 
-def fast_forward(cluster: Cluster, k: int, dt: float, w0: float = 1.0,
-                 g: float = 1.0) -> tuple[float, int, int, float, float]:
-    """With an empty router queue, advance to the next decision point (the first at or after
-    the next arrival), or after the last arrival run the instances until idle, integrating the
-    in-system penalty over the grid points passed (``Cluster.run_grid``; point j weighs
-    ``w0 * g**(j - k - 1)``). Returns (penalty, grid point reached, completions, weighted
-    completions, weighted completions within their SLO deadlines)."""
-    if cluster.all_arrived:
-        if cluster.done:
-            return 0.0, k, 0, 0.0, 0.0
-        return cluster.run_grid(k, dt, None, w0, g)
-    return cluster.run_grid(k, dt, grid_index_at_or_after(cluster.next_arrival_s, dt, k + 1), w0, g)
+def skip_to_decision(cluster: Cluster, k: int, dt: float, k_start: int,
+                     g: float = 1.0) -> tuple[float, int, int, float, float]:
+    """With an empty router queue, advance grid point by grid point to the next decision (the
+    first point at or after the next arrival, again while that arrival is rejected), or after
+    the last arrival run the instances until idle, integrating the in-system penalty over the
+    points passed (``Cluster.run_grid``; point j weighs ``g**(j - k_start - 1)``: ``k_start``
+    is the grid point the env's step began at, ``g`` a learner's per-interval discount).
+    Returns (penalty, grid point reached, completions, weighted completions, weighted
+    completions within their SLO deadlines). Once per env step: one call does the whole skip."""
+    pen = comp = met = 0.0
+    count = 0
+    queue = cluster.queue
+    while not queue:
+        if cluster.all_arrived:   # one drain, then the episode ends
+            if not cluster.done:
+                p, k, n, nw, mw = cluster.run_grid(k, dt, None, g ** (k - k_start), g)
+                pen += p
+                comp += nw
+                met += mw
+                count += n
+            break
+        p, k, n, nw, mw = cluster.run_grid(k, dt, grid_index_at_or_after(cluster.next_arrival_s, dt, k + 1),
+                                           g ** (k - k_start), g)
+        pen += p
+        comp += nw
+        met += mw
+        count += n
+    return pen, k, count, comp, met
