@@ -8,6 +8,7 @@
     python -m experiments.bench mixed      # both on a mixed cluster (2 x A100 + 2 x V100)
     python -m experiments.bench learner    # Double DQN training speed on the learned router
     python -m experiments.bench env --save-baseline   # make these figures the saved baseline
+    python -m experiments.bench pair --against ../old  # env step here vs another checkout, alternating
 
 Baseline: every run prints each speed figure's ratio to the one saved in
 ``experiments/bench_baseline.json`` (committed; per part, labelled with the package version, the
@@ -35,6 +36,12 @@ uniformly random actions (``gym.make`` wrappers included). Steps per second are 
 wall second and per CPU second of this process: on a shared machine the CPU figure is the
 stable one (wall time also counts waiting for the core). The engine implementation (compiled
 Cython build or pure Python, see llm_lb_gym/sim/_compiled.py) and the load average are printed.
+Pair (``pair --against DIR``, not part of ``all``): the default env's round-robin step, this
+checkout against another one (``git worktree add ../old <commit>``, its engine built with
+``python setup.py build_ext --inplace``) in one sitting: one long-lived process per checkout,
+episodes alternating between them (A B B A A B ...), CPU microseconds per step per episode;
+prints each side's median, spread, and the median of the per-pair ratios, which stays
+meaningful while the host's speed drifts (the figures of separate runs here differ by up to 2x).
 Learner (``learner``, not part of ``all``): env steps per second of Double DQN training on
 ``experiment=[v100_near_capacity,learned_router]`` next to the env's own, and where the training
 time goes (experiments/bench_learner.py says what is timed).
@@ -207,6 +214,69 @@ def env_speed(episodes: int = 1, seed: int = 0) -> dict:
     return {k: v for k, v in r.items() if k.startswith("round_robin_steps_per")}
 
 
+PAIR_WORKER = r"""
+import sys, time
+import gymnasium as gym
+import llm_lb_gym
+from llm_lb_gym.sim._compiled import implementation
+env = gym.make("LLMCluster-v0")
+m = env.unwrapped.m
+env.reset(seed=0)
+print(llm_lb_gym.__file__, getattr(llm_lb_gym, "__version__", "?"), implementation(), flush=True)
+for line in sys.stdin:
+    env.reset(seed=int(line))
+    i, term, trunc = 0, False, False
+    c0 = time.process_time()
+    while not (term or trunc):
+        _, _, term, trunc, _ = env.step(i % m)
+        i += 1
+    print(1e6 * (time.process_time() - c0) / i, flush=True)
+"""
+
+
+def bench_pair(other: Path, rounds: int, seeds: int = 3) -> dict:
+    """The default env's round-robin step here and in checkout ``other``, alternating episodes
+    between two long-lived processes (``PAIR_WORKER``; each imports its own checkout). Returns
+    per side the median CPU us/step, its quartiles, and the median of per-pair ratios."""
+    import statistics
+    import subprocess
+    import tempfile
+
+    here = Path(__file__).resolve().parents[1]
+    sides = {"this": here, "other": Path(other).resolve()}
+    procs, out = {}, {}
+    with tempfile.TemporaryDirectory() as cwd:   # no checkout on the path but the side's own
+        try:
+            for name, root in sides.items():
+                env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS="1")
+                p = subprocess.Popen([sys.executable, "-c", PAIR_WORKER], cwd=cwd, env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                procs[name] = p
+                path, version, impl = p.stdout.readline().split()
+                out[f"{name}_package"] = f"{version} ({path.rsplit('/llm_lb_gym/', 1)[0]}, engine {impl})"
+            times = {name: [] for name in sides}
+            for r in range(rounds):
+                order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+                for name in order:
+                    procs[name].stdin.write(f"{r % seeds}\n")
+                    procs[name].stdin.flush()
+                    times[name].append(float(procs[name].stdout.readline()))
+        finally:
+            for p in procs.values():
+                p.stdin.close()
+                p.wait()
+    for name, v in times.items():
+        q = statistics.quantiles(v, n=4)
+        out[f"{name}_cpu_us_per_step_median"] = statistics.median(v)
+        out[f"{name}_cpu_us_per_step_quartiles"] = f"{q[0]:.2f}-{q[2]:.2f}"
+    ratios = [o / h for h, o in zip(times["this"], times["other"])]
+    out["speed_ratio_this_vs_other_median_of_pairs"] = statistics.median(ratios)
+    q = statistics.quantiles(ratios, n=4)
+    out["speed_ratio_quartiles"] = f"{q[0]:.3f}-{q[2]:.3f}"
+    out["episodes_per_side"] = rounds
+    return out
+
+
 def machine_facts() -> dict:
     """What a figure depends on besides the code: printed with every run, saved with a baseline."""
     from llm_lb_gym.sim._compiled import implementation
@@ -293,6 +363,8 @@ class Report:
         from llm_lb_gym import __version__
 
         keys = [k for k in self.parts if k in self.saved]
+        if not self.parts:
+            return
         if not keys:
             print(f"\nno baseline for these parts in {self.path} (--save-baseline saves one)")
             return
@@ -328,7 +400,8 @@ class Report:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed", "learner"), default="all")
+    ap.add_argument("part", nargs="?", choices=("all", "sim", "env", "prefix", "mixed", "learner", "pair"),
+                    default="all")
     ap.add_argument("--requests", type=int, default=20_000)
     ap.add_argument("--rate", type=float, default=5.0, help="Poisson arrival rate (req/s)")
     ap.add_argument("--episodes", type=int, default=3, help="env episodes per policy")
@@ -346,6 +419,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tolerance", type=float, default=TOLERANCE,
                     help="flag speed figures slower than the baseline by more than this share")
     ap.add_argument("--strict", action="store_true", help="exit with status 1 on a flagged regression")
+    ap.add_argument("--against", type=Path, help="pair: the other checkout (its engine built in place)")
+    ap.add_argument("--rounds", type=int, default=24, help="pair: episodes per side")
     args = ap.parse_args(argv)
     from llm_lb_gym import __version__
 
@@ -365,6 +440,12 @@ def main(argv=None) -> None:
         r = bench_learner(args.learner_steps, args.learner_warmup, overrides=tuple(args.learner_overrides))
         rep.section("Double DQN training, learned router", "learner", r)
         rep.section("LLMCluster-v0 alone, same options (round-robin actions)", "learner_env", env_speed())
+    if args.part == "pair":
+        if args.against is None:
+            ap.error("pair needs --against DIR (another checkout of the repository)")
+        print("\n## LLMCluster-v0 round-robin step, this checkout vs --against (alternating episodes)")
+        for k, v in bench_pair(args.against, args.rounds).items():
+            print(f"{k}: {_fmt(v, 3)}")
     if args.part == "prefix":
         rep.section("prefix caching", "prefix", bench_prefix(args.requests, args.episodes), digits=3)
     if args.part in ("all", "mixed"):
