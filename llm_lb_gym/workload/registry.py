@@ -67,7 +67,7 @@ def _pop_arrivals(options: dict, default: ArrivalProcess | None) -> ArrivalProce
 
 
 _TASK_MIX_KEYS = ("weights", "max_prompt_tokens", "max_context_tokens", "heavy_decode_tokens",
-                  "tasks")
+                  "tasks", "length_scale")
 _TRACE_KEYS = ("path", "rate_scale", "start", "max_prompt_tokens", "max_context_tokens",
                "zero_tokens", "task_name")
 _ARRIVAL_OPTION_NAMES = _ARRIVAL_KEYS + ("arrivals",)

@@ -16,7 +16,7 @@ Lengths come from distributions fitted to those numbers (``length_dist``):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping
 
 import numpy as np
@@ -129,26 +129,58 @@ class TaskMixWorkload:
     """Prompts above this are filtered out (the prompt distribution is truncated here)."""
     max_context_tokens: int = 4096
     """Prompt + decode never exceed this: decode is clipped, as a server stops at its context."""
-    heavy_decode_tokens: int = DEFAULT_HEAVY_DECODE_TOKENS
-    """Decode length at which Table 1's heavy share applies (see DEFAULT_HEAVY_DECODE_TOKENS)."""
+    heavy_decode_tokens: int | None = None
+    """Decode length at which Table 1's heavy share applies; None: DEFAULT_HEAVY_DECODE_TOKENS x
+    ``length_scale``, rounded (filled in at construction, so the attribute is always an int)."""
     tasks: tuple[TaskSpec, ...] = PAPER_TASKS
     """The tasks of the mix; Table 1 by default."""
+    length_scale: float = 1.0
+    """Multiplies every task's mean prompt and mean decode tokens (and the default
+    ``heavy_decode_tokens``): the same mix, shorter. Why: Table 1's lengths are Llama-2-7B's on a
+    GPU; a small model on a CPU core (SmolLM2-135M on llama.cpp, docs/serving.md) with a
+    1,024-token slot replays in minutes only at about a fifth of them."""
 
     def __post_init__(self) -> None:
         if not hasattr(self.arrivals, "times_s"):
             raise ConfigError(f"arrivals={self.arrivals!r} must be an arrival process with times_s")
         check_int("max_prompt_tokens", self.max_prompt_tokens, 1, MAX_TOKENS - 1)
         check_int("max_context_tokens", self.max_context_tokens, self.max_prompt_tokens + 1, MAX_TOKENS)
-        check_int("heavy_decode_tokens", self.heavy_decode_tokens, 2,
-                  self.max_context_tokens - self.max_prompt_tokens)
-        object.__setattr__(self, "tasks", tuple(self.tasks))
+        check_range("length_scale", self.length_scale, 0.0, 1.0e3, lo_open=True)
+        given = self.heavy_decode_tokens is not None
+        if not given:
+            object.__setattr__(self, "heavy_decode_tokens",
+                               max(2, round(DEFAULT_HEAVY_DECODE_TOKENS * self.length_scale)))
+        room = self.max_context_tokens - self.max_prompt_tokens
+        if given:
+            check_int("heavy_decode_tokens", self.heavy_decode_tokens, 2, max(room, 2))
+        if self.heavy_decode_tokens > room:
+            origin = "given" if given else (f"the default {DEFAULT_HEAVY_DECODE_TOKENS} x length_scale="
+                                            f"{self.length_scale:g}")
+            raise ConfigError(
+                f"heavy_decode_tokens={self.heavy_decode_tokens} ({origin}) does not fit after the longest "
+                f"prompt: max_context_tokens={self.max_context_tokens} - max_prompt_tokens="
+                f"{self.max_prompt_tokens} leaves {room}; allowed: 2..{room}. Lower max_prompt_tokens, raise "
+                f"max_context_tokens, set heavy_decode_tokens, or shrink the whole mix with length_scale "
+                f"(e.g. length_scale=0.2: Table 1's lengths / 5, heavy_decode_tokens 60)")
+        object.__setattr__(self, "tasks", tuple(self._scaled(t) for t in self.tasks))
         if not self.tasks:
             raise ConfigError("tasks must hold at least one TaskSpec")
         object.__setattr__(self, "weights", _resolve_weights(self.weights, self.tasks))
         for t in self.tasks:
-            check_range(f"{t.name}.mean_prompt_tokens", t.mean_prompt_tokens, 1.0,
-                        self.max_prompt_tokens, lo_open=True, hi_open=True)
+            if not 1.0 < t.mean_prompt_tokens < self.max_prompt_tokens:
+                raise ConfigError(
+                    f"{t.name}.mean_prompt_tokens={t.mean_prompt_tokens:.4g} (x length_scale="
+                    f"{self.length_scale:g}) must lie in (1, max_prompt_tokens={self.max_prompt_tokens}); "
+                    f"raise max_prompt_tokens or change length_scale")
         self.distributions()  # fit now so an unreachable table fails at construction
+
+    def _scaled(self, t: TaskSpec) -> TaskSpec:
+        """The task with its mean lengths times ``length_scale`` (the spreads and heavy share kept:
+        the same shapes, shorter); itself at scale 1, so the default mix is bit for bit Table 1's."""
+        if self.length_scale == 1.0:
+            return t
+        return replace(t, mean_prompt_tokens=t.mean_prompt_tokens * self.length_scale,
+                       mean_decode_tokens=t.mean_decode_tokens * self.length_scale)
 
     @property
     def task_names(self) -> tuple[str, ...]:
@@ -182,4 +214,4 @@ class TaskMixWorkload:
             meta={"workload": "task_mix", "weights": self.weights,
                   "heavy_decode_tokens": self.heavy_decode_tokens,
                   "max_prompt_tokens": self.max_prompt_tokens,
-                  "max_context_tokens": self.max_context_tokens})
+                  "max_context_tokens": self.max_context_tokens, "length_scale": self.length_scale})
