@@ -193,6 +193,89 @@ def test_client_disconnect_cancels_the_upstream_request(backends):
         assert metric(text, "llm_lb_router_requests_total", outcome="cancelled") == 1
 
 
+def _leave_after(url: str, body: dict, after_s: float) -> None:
+    """POST ``body`` and drop the connection after ``after_s`` without reading a reply."""
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(url, json=body, timeout=httpx.Timeout(10.0, read=after_s))
+
+
+def test_non_streamed_client_disconnect_cancels_the_upstream_request(backends):
+    b = backends[0]
+    with start_router([b.url]) as r:
+        svc = r.server.config.app.state.service
+        # 500 tokens at ~15 ms simulated (time scale 2): ~4 s; the client leaves after 0.3 s.
+        _leave_after(r.url + "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 500}, 0.3)
+        wait_for(lambda: metric(httpx.get(b.url + "/metrics").text, "sim_backend_cancelled_total") == 1,
+                 what="the backend to see the cancellation")
+        # The backend aborted it: no request left running there (its slot and KV are free).
+        backend_text = httpx.get(b.url + "/metrics").text
+        assert metric(backend_text, "vllm:num_requests_running") == 0
+        assert metric(backend_text, "vllm:gpu_cache_usage_perc") == 0
+        wait_for(lambda: not svc.views[0].inflight, what="the router's in-flight table to empty")
+        text = httpx.get(r.url + "/metrics").text
+        assert metric(text, "llm_lb_router_requests_total", outcome="cancelled") == 1
+        # The service keeps serving.
+        ok = httpx.post(r.url + "/v1/completions", json={"model": MODEL, "prompt": "a", "max_tokens": 3}, timeout=20)
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+
+
+def test_client_leaving_a_held_request_takes_it_out_of_the_router_queue():
+    one_slot = SimBackendConfig(time_scale=2.0, engine=EngineConfig(max_num_seqs=1))
+    with ServerThread(sim_app(one_slot)) as b, \
+            start_router([b.url], router="late_binding", max_seqs=1, decision_interval_s=0.01) as r:
+        svc = r.server.config.app.state.service
+
+        async def go():
+            import aiohttp
+
+            async with aiohttp.ClientSession() as client:
+                first = asyncio.ensure_future(client.post(r.url + "/v1/completions", json={
+                    "model": MODEL, "prompt": "a", "max_tokens": 300}))
+                await asyncio.sleep(0.2)
+                held = asyncio.ensure_future(client.post(r.url + "/v1/completions", json={
+                    "model": MODEL, "prompt": "b", "max_tokens": 5}))
+                await asyncio.sleep(0.3)
+                assert len(svc.cluster.queue) == 1   # late_binding holds it: the one slot is busy
+                held.cancel()                        # the client gives up on the held request
+                with pytest.raises(asyncio.CancelledError):
+                    await held
+                first.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await first
+
+        asyncio.run(go())
+        wait_for(lambda: not svc.cluster.queue and not svc.views[0].inflight,
+                 what="the queue and the in-flight table to empty")
+        text = httpx.get(r.url + "/metrics").text
+        assert metric(text, "llm_lb_router_requests_total", outcome="cancelled") == 2
+        # Only the first request ever reached the backend, and it was aborted there.
+        wait_for(lambda: metric(httpx.get(b.url + "/metrics").text, "sim_backend_cancelled_total") == 1,
+                 what="the backend to abort the first request")
+        assert metric(httpx.get(b.url + "/metrics").text, "sim_backend_requests_total") == 1
+
+
+def test_simulated_backend_gives_an_aborted_request_s_slot_to_the_next():
+    """One slot; a 1,000-token request (~8 s at time scale 2) whose client leaves must not delay
+    the next request by its remaining generation."""
+    one_slot = SimBackendConfig(time_scale=2.0, engine=EngineConfig(max_num_seqs=1))
+    with ServerThread(sim_app(one_slot)) as b:
+        for stream in (False, True):
+            body = {"model": MODEL, "prompt": "a", "max_tokens": 1000, "stream": stream}
+            if stream:
+                with httpx.stream("POST", b.url + "/v1/completions", json=body, timeout=20) as resp:
+                    next(resp.iter_lines())
+            else:
+                _leave_after(b.url + "/v1/completions", body, 0.3)
+            t0 = time.monotonic()
+            ok = httpx.post(b.url + "/v1/completions", json={"model": MODEL, "prompt": "b", "max_tokens": 4},
+                            timeout=20)
+            assert ok.status_code == 200
+            assert time.monotonic() - t0 < 2.0, f"stream={stream}: the aborted request kept its slot"
+        text = httpx.get(b.url + "/metrics").text
+        assert metric(text, "sim_backend_cancelled_total") == 2
+        assert metric(text, "vllm:num_requests_running") == 0
+
+
 def test_backend_killed_mid_replay_fails_over_and_comes_back(tmp_path):
     port = free_port()
     proc = spawn_sim_backend(port, "--time-scale", "2")

@@ -14,8 +14,8 @@ the request goes back to the queue for another backend (up to ``max_attempts``);
 reply that breaks after bytes went out cannot be replayed, so the client gets a final SSE
 ``error`` event; either way it is counted (``llm_lb_router_requests_total{outcome}``). The
 poller marks a backend down when its ``/metrics`` fails and up again when it answers. A client
-that disconnects from a stream closes the upstream connection, which cancels the request at a
-vLLM or llama.cpp server.
+that disconnects, streamed or not, closes the upstream connection (or leaves the router's
+queue), which cancels the request at a vLLM or llama.cpp server and at the simulated backend.
 
 Why Starlette + uvicorn + aiohttp: Starlette is FastAPI's core (vLLM's OpenAI server is FastAPI
 on uvicorn), and uvicorn with uvloop and httptools is among the fastest Python ASGI servers;
@@ -52,6 +52,13 @@ from .view import BackendView, ServiceCluster, ServiceTable
 
 _DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2)
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+
+
+async def _client_gone(receive) -> None:
+    """Return when the ASGI server reports the client's disconnect (call after the body is
+    read: the next message is then ``http.disconnect``, or nothing until the response ends)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class NoBackend(Exception):
@@ -135,15 +142,28 @@ class RouterService:
         self.dispatch()
         if fut.done():
             return fut.result()
+        # asyncio.wait, not wait_for: wait_for returns the result when the request is routed in
+        # the same loop step as its handler is cancelled (client gone), and the cancellation is lost.
         try:
-            return await asyncio.wait_for(fut, self.cfg.queue_timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
-            self.waiters.pop(rid, None)
-            with contextlib.suppress(ValueError):
-                self.cluster.queue.remove(rid)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            raise NoBackend from None
+            done, _ = await asyncio.wait((fut,), timeout=self.cfg.queue_timeout_s)
+        except asyncio.CancelledError:
+            self._withdraw(rid, fut)
+            raise
+        if done:
+            return fut.result()
+        self._withdraw(rid, fut)
+        raise NoBackend from None
+
+    def _withdraw(self, rid: int, fut: asyncio.Future) -> None:
+        """Take a waiting request back: out of the queue, or, if it was routed meanwhile, out
+        of its backend's in-flight table."""
+        self.waiters.pop(rid, None)
+        with contextlib.suppress(ValueError):
+            self.cluster.queue.remove(rid)
+        if fut.done() and not fut.cancelled():
+            self.finish(fut.result(), rid)
+        else:
+            fut.cancel()
 
     def finish(self, view: BackendView, rid: int) -> None:
         view.on_end(rid)
@@ -192,10 +212,42 @@ class RouterService:
         if "authorization" in request.headers:
             headers["authorization"] = request.headers["authorization"]
         try:
-            return await self._send(req, raw, headers, kind, path, rid)
+            if req.stream:
+                return await self._send(req, raw, headers, kind, path, rid)
+            return await self._unless_client_leaves(request, self._send(req, raw, headers, kind, path, rid),
+                                                    kind, rid)
         except BaseException:
             tb.free(rid)
             raise
+
+    async def _unless_client_leaves(self, request: Request, work, kind: str, rid: int):
+        """Run a non-streamed request while watching its client's connection; if the client
+        goes first, cancel the work, which closes the upstream connection mid-reply (the backend
+        sees the disconnect and aborts the request, freeing its slot) or takes the request out
+        of the router's queue if it was still held. Why: a non-streamed handler writes nothing
+        until the reply is complete, so without the watch the router would learn of the
+        disconnect only then, after the backend spent the whole generation on it."""
+        task = asyncio.ensure_future(work)
+        gone = asyncio.ensure_future(_client_gone(request.receive))
+        try:
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:   # the handler itself is cancelled (shutdown)
+            task.cancel()
+            gone.cancel()
+            raise
+        if task.done():
+            gone.cancel()
+            return task.result()
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            self.table.free(rid)   # _send gave back the backend slot; the row is this side's
+            self.m_requests.labels(kind, "cancelled").inc()
+        except Exception:          # it failed meanwhile: _send settled its own accounts
+            pass
+        # (returned instead: it completed before the cancellation reached it, accounts settled)
+        return Response(status_code=499)   # nobody reads it: the connection is gone
 
     async def _send(self, req, raw: bytes, headers: dict, kind: str, path: str, rid: int):
         last_error = ""

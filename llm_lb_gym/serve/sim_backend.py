@@ -12,9 +12,10 @@ The output is ``max_tokens`` tokens (the text " tok" each, one word = one token 
 counter), as vLLM does with ``ignore_eos``: the load generator asks for a workload's decode
 length and gets exactly that many tokens.
 
-What it does not do: the engine has no abort, so a client that disconnects stops being
-streamed to (counted in ``sim_backend_cancelled_total``) but its request keeps its KV and batch
-slot until the simulation finishes it, as if the backend ignored the disconnect.
+A client that disconnects, streamed or not, has its request aborted (``Engine.abort``): it
+leaves the waiting queue or the batch, its KV blocks and batch slot go to the waiting requests
+at the next iteration, as vLLM aborts a request whose client went away (counted in
+``sim_backend_cancelled_total``). One mid-chunked-prefill is aborted when its prefill ends.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from ..sim._compiled import engine_class
 from ..sim.config import EngineConfig
@@ -85,6 +86,7 @@ class SimBackend:
         self._new_engine()
         self.t0 = time.monotonic()
         self.live: dict[int, _Live] = {}
+        self.aborting: set[int] = set()   # cancelled mid-chunked-prefill: aborted once it runs
         self.wake = asyncio.Event()
         self.counters = {"requests_total": 0, "success_total": 0, "cancelled_total": 0,
                          "prompt_tokens_total": 0, "generation_tokens_total": 0}
@@ -125,6 +127,24 @@ class SimBackend:
         self.wake.set()
         return live
 
+    def abort(self, live: _Live) -> None:
+        """The client of ``live`` went away: drop its request from the engine now (or, if it is
+        between chunks of a chunked prefill, as soon as the pacing loop sees it run)."""
+        if live.done or live.cancelled:
+            return
+        live.cancelled = True
+        self.counters["cancelled_total"] += 1
+        self.live.pop(live.rid, None)
+        self._try_abort(live.rid)
+
+    def _try_abort(self, rid: int) -> None:
+        self.engine.advance_to(self.now())
+        if self.engine.abort(rid, self.now()):
+            self.aborting.discard(rid)
+        else:
+            self.aborting.add(rid)
+        self.wake.set()
+
     def _release(self) -> None:
         """Hand every live request the tokens its engine state holds (iterations ended)."""
         tb, eng = self.table, self.engine
@@ -149,6 +169,11 @@ class SimBackend:
         for rid in finished:
             del self.live[rid]
             self.counters["success_total"] += 1
+        for rid in tuple(self.aborting):
+            if tb.status[rid] == _FINISHED:
+                self.aborting.discard(rid)
+            else:
+                self._try_abort(rid)
 
     async def run(self) -> None:
         """Pace the engine: run the iteration that starts now, sleep until it ends, release."""
@@ -200,6 +225,12 @@ class SimBackend:
         return "\n".join(lines) + "\n"
 
 
+async def _client_gone(receive) -> None:
+    """Return when the client disconnects (the body already read; as in ``router_app``)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 def _chunk_bytes(kind: str, cid: str, model: str, finish: str | None, text: str) -> bytes:
     if kind == CHAT:
         choice = {"index": 0, "delta": {"content": text} if text else {}, "finish_reason": finish}
@@ -232,9 +263,18 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
             return JSONResponse(exc.body(), status_code=exc.status)
         cid = f"cmpl-sim-{live.rid}-{id(b.engine) & 0xffff:x}"
         if not req.stream:
-            while not live.done:
-                live.event.clear()
-                await live.event.wait()
+            gone = asyncio.ensure_future(_client_gone(request.receive))
+            try:
+                while not live.done:
+                    live.event.clear()
+                    waiter = asyncio.ensure_future(live.event.wait())
+                    await asyncio.wait((waiter, gone), return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    if gone.done() and not live.done:
+                        b.abort(live)
+                        return Response(status_code=499)   # nobody reads it
+            finally:
+                gone.cancel()
             text = " tok" * req.max_tokens
             usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_tokens,
                      "total_tokens": req.prompt_tokens + req.max_tokens}
@@ -264,8 +304,7 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
                 yield b"data: [DONE]\n\n"
             finally:
                 if not live.done:
-                    live.cancelled = True
-                    b.counters["cancelled_total"] += 1
+                    b.abort(live)
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 

@@ -483,6 +483,47 @@ class Engine:
             self.pen_static = 0.0
             self._version += 1
 
+    def abort(self, rid: int, now: float) -> bool:
+        """Drop request ``rid`` at ``now`` (after ``advance_to(now)``): its client went away.
+
+        Why: a server that keeps generating for a gone client holds a batch slot and KV blocks
+        that waiting requests need (vLLM aborts such a request at its next step; the simulated
+        backend, ``serve/sim_backend.py``, does the same through this). A waiting request leaves
+        the queue; a running one leaves the batch after the iterations already run (its tokens
+        so far are kept) and frees its blocks. It ends FINISHED with ``decode`` set to the tokens
+        it got, so every conservation check still holds. A request in the middle of a chunked
+        prefill cannot be dropped between chunks here (its partial blocks are not tracked per
+        request): returns False and the caller retries once it runs; True when dropped."""
+        tb = self.table
+        st = tb.status[rid]
+        if st == _WAITING:
+            if rid in self.preempted_q:
+                self.preempted_q.remove(rid)
+            else:
+                self.waiting_q.remove(rid)
+            self._leave_prompt_phase(rid)
+            self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid]
+            o = tb.o_base[rid]
+        elif st == _RUNNING:
+            o = self._leave_running(rid)
+            self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
+            if self.pc:
+                self._release(rid)
+            assert self.used >= 0, "negative KV blocks"
+        else:
+            return False
+        tb.status[rid] = _FINISHED
+        tb.finish_s[rid] = now
+        tb.o_base[rid] = o
+        tb.decode[rid] = o
+        self.committed_tokens -= tb.prompt[rid] + tb.pred[rid]
+        self._blocked = False
+        self._plan_dirty = True
+        if self.idle():
+            self.pen_static = 0.0
+            self._version += 1
+        return True
+
     def _preempt(self, rid: int) -> None:
         """Recompute preemption: free the blocks, keep the tokens, requeue at the front."""
         tb = self.table
