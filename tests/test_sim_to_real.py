@@ -1,0 +1,197 @@
+"""The sim-to-real pieces that need no llama.cpp: engine abort, the llama.cpp engine mapping, the
+llama.cpp preset and its fit, the task mix at a smaller scale, the comparison's table.
+
+The replay itself (``experiments/sim_to_real.py``) needs llama-server and the GGUF:
+``tests/test_serve_llamacpp.py`` runs a small one and skips without them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from experiments import calibrate_llamacpp as cl
+from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.sim import _compiled
+from llm_lb_gym.sim.config import EngineConfig
+from llm_lb_gym.sim.engine import Engine as PureEngine
+from llm_lb_gym.sim.latency import LatencyModel, get_preset
+from llm_lb_gym.sim.request import RequestTable, Status
+from llm_lb_gym.workload import make_workload
+
+LAT = LatencyModel(base_s=0.01, token_s=1e-4, decode_ctx_s=1e-6)
+ENGINES = [PureEngine] + ([_compiled.compiled_engine_class()] if _compiled.compiled_engine_class() else [])
+
+
+# --------------------------------------------------------------------------- Engine.abort
+
+
+@pytest.mark.parametrize("engine_cls", ENGINES, ids=lambda c: c.__module__)
+def test_abort_frees_the_slot_and_blocks_of_a_running_and_a_waiting_request(engine_cls):
+    cfg = EngineConfig(latency=LAT, max_num_seqs=1, num_kv_blocks=64, block_size=16, max_model_len=512)
+    tb = RequestTable([0.0, 0.0, 0.0], [40, 40, 40], [300, 300, 5], [300.0, 300.0, 5.0])
+    e = engine_cls(0, cfg, tb, fast=True, check=True)
+    for rid in range(3):
+        e.add(rid, 0.0)
+    e.advance_to(0.5)
+    assert tb.status[0] == Status.RUNNING and e.B == 1 and e.num_waiting == 2
+    got = tb.o_base[0] + e.G - tb.g_base[0]
+    assert e.abort(1, 0.5)                      # waiting: leaves the queue
+    assert tb.status[1] == Status.FINISHED and tb.decode[1] == 0 and e.num_waiting == 1
+    assert e.abort(0, 0.5)                      # running: leaves the batch with its tokens so far
+    assert tb.status[0] == Status.FINISHED and tb.decode[0] == got >= 1
+    assert e.B == 0 and e.free_blocks == 64
+    e._check()
+    e.advance_to(10.0)                          # the third gets the slot at once and finishes
+    assert tb.status[2] == Status.FINISHED and e.idle() and e.free_blocks == 64
+    assert tb.first_token_s[2] < 0.5 + 0.1
+    assert not e.abort(2, 10.0)                 # finished: nothing to drop
+
+
+def test_abort_keeps_compiled_and_pure_engines_equal():
+    if len(ENGINES) < 2:
+        pytest.skip("the compiled engine is not built (or is stale)")
+    cfg = EngineConfig(latency=LAT, max_num_seqs=2, num_kv_blocks=40, block_size=16, max_model_len=512)
+    runs = []
+    for cls in ENGINES:
+        tb = RequestTable([0.0] * 5, [30, 60, 20, 90, 10], [200, 50, 80, 120, 40], [200.0, 50, 80, 120, 40])
+        e = cls(0, cfg, tb, fast=True)
+        for rid in range(5):
+            e.add(rid, 0.01 * rid)
+        e.advance_to(0.3)
+        e.abort(0, 0.3)
+        e.advance_to(0.6)
+        e.abort(3, 0.6)
+        e.advance_to(100.0)
+        runs.append((list(tb.finish_s), list(tb.first_token_s), list(tb.decode), e.t, e.G))
+    assert runs[0] == runs[1]
+
+
+# --------------------------------------------------------------------------- llama.cpp mapping
+
+
+def test_llamacpp_engine_config_is_slots_per_slot_context_and_mixed_batches():
+    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config
+
+    e = llamacpp_engine_config(4, 4096)
+    assert (e.preset, e.max_num_seqs, e.context_len, e.total_blocks * e.block_size) == (LLAMACPP_PRESET, 4, 1024, 4096)
+    assert e.chunked_prefill and e.token_budget == 2048 and e.watermark == 0.0
+    with pytest.raises(ConfigError, match="ctx_tokens=1000 / parallel=3"):
+        llamacpp_engine_config(3, 1000)
+    with pytest.raises(ConfigError, match="parallel"):
+        llamacpp_engine_config(0, 4096)
+
+
+def test_llamacpp_cluster_never_preempts_a_full_burst():
+    """P slots of C / P tokens each hold any P requests that fit a slot: as in llama.cpp, a burst
+    of long requests waits for slots and is never preempted."""
+    from llm_lb_gym.serve.llamacpp_sim import llamacpp_engine_config
+    from llm_lb_gym.sim.config import ClusterConfig
+    from llm_lb_gym.sim.simulate import simulate
+    from llm_lb_gym.workload import RequestBatch
+
+    n = 12
+    batch = RequestBatch.from_arrays(np.zeros(n), np.full(n, 500), np.full(n, 524))
+    cluster = simulate(batch, ClusterConfig(num_instances=1, engine=llamacpp_engine_config(4, 4096)))
+    assert cluster.done and cluster.n_finished == n
+    assert sum(e.n_preemptions for e in cluster.engines) == 0
+
+
+def test_scaled_latency_multiplies_every_time_term():
+    from llm_lb_gym.serve.llamacpp_sim import scaled_latency
+
+    lat = get_preset("smollm2-135m-llamacpp-cpu").latency
+    s = scaled_latency(lat, 2.5)
+    assert s.isolated_request_s(32, 32) == pytest.approx(2.5 * lat.isolated_request_s(32, 32), rel=1e-12)
+    with pytest.raises(ConfigError, match="speed factor"):
+        scaled_latency(lat, 0.0)
+
+
+# --------------------------------------------------------------------------- the preset and its fit
+
+
+def test_llamacpp_preset_is_the_fit_of_the_committed_profile():
+    fit = cl.fit(cl.read_points())
+    preset = get_preset("smollm2-135m-llamacpp-cpu").latency
+    for term in cl.FIT_TERMS:
+        want = getattr(fit.model, term)
+        assert getattr(preset, term) == pytest.approx(want, rel=1e-3, abs=1e-12), term
+    assert "experiments/calibrate" in get_preset("smollm2-135m-llamacpp-cpu").source
+
+
+def test_llamacpp_fit_recovers_a_known_model():
+    """Points made by a known model (no noise) give back its coefficients."""
+    truth = LatencyModel(base_s=0.003, token_s=0.01, prefill_attn_s=5e-6, decode_seq_s=0.002,
+                         decode_ctx_s=3e-5, cpu_seq_s=0.004)
+    pts = []
+    for p in cl.PREFILL_PROMPTS:
+        pts.append(cl.CalibrationPoint("prefill", "", p, p * (p + 1) // 2, 0, 0,
+                                       truth.iteration_s(p, p * (p + 1) // 2, prefill_seqs=1), 0.0, 0.0))
+    for b in cl.DECODE_BATCHES:
+        for ctx in (30, 270):
+            pts.append(cl.CalibrationPoint("decode", "", 0, 0, b, b * ctx,
+                                           truth.iteration_s(decode_seqs=b, decode_ctx_tokens=b * ctx), 0.0, 0.0))
+    got = cl.fit(pts).model
+    for term in cl.FIT_TERMS:
+        assert getattr(got, term) == pytest.approx(getattr(truth, term), rel=1e-6), term
+
+
+def test_profile_csv_round_trips(tmp_path):
+    pts = cl.read_points()
+    cl.write_points([cl.Measured(p, p.gpu_s * 2, 0.5) for p in pts], tmp_path / "p.csv", 3)
+    again = cl.read_points(tmp_path / "p.csv")
+    assert [(p.label, p.prefill_tokens, p.decode_seqs, p.decode_ctx_tokens) for p in again] == \
+        [(p.label, p.prefill_tokens, p.decode_seqs, p.decode_ctx_tokens) for p in pts]
+    assert [p.gpu_s for p in again] == pytest.approx([p.gpu_s for p in pts], rel=1e-5)   # net = wall x share
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a llama.cpp profile"):
+        cl.read_points(tmp_path / "bad.csv")
+
+
+# --------------------------------------------------------------------------- the task mix, shorter
+
+
+def test_task_mix_with_a_small_context_says_what_to_change():
+    with pytest.raises(ConfigError, match=r"heavy_decode_tokens=300 \(the default 300 x length_scale=1\) does not "
+                                          r"fit.*leaves 24; allowed: 2..24.*length_scale"):
+        make_workload("task_mix", max_context_tokens=1024)
+    with pytest.raises(ConfigError, match=r"sentiment.mean_prompt_tokens=211.5.*max_prompt_tokens=200"):
+        make_workload("task_mix", max_context_tokens=1024, max_prompt_tokens=200)
+    with pytest.raises(ConfigError, match="length_scale"):
+        make_workload("task_mix", length_scale=0.0)
+
+
+def test_task_mix_length_scale_shrinks_the_mix_and_scale_one_is_unchanged():
+    rng = lambda: np.random.default_rng(3)  # noqa: E731
+    plain = make_workload("task_mix").sample(rng(), 400)
+    one = make_workload("task_mix", length_scale=1.0).sample(rng(), 400)
+    assert np.array_equal(plain.prompt_tokens, one.prompt_tokens) and np.array_equal(plain.decode_tokens,
+                                                                                     one.decode_tokens)
+    small_wl = make_workload("task_mix", length_scale=0.2, max_prompt_tokens=200, max_context_tokens=1024)
+    assert small_wl.heavy_decode_tokens == 60
+    small = small_wl.sample(np.random.default_rng(0), 4000)
+    big = make_workload("task_mix").sample(np.random.default_rng(0), 4000)
+    assert small.decode_tokens.mean() == pytest.approx(0.2 * big.decode_tokens.mean(), rel=0.1)
+    assert small.prompt_tokens.mean() == pytest.approx(0.2 * big.prompt_tokens.mean(), rel=0.15)
+    assert (small.prompt_tokens + small.decode_tokens).max() <= 1024
+
+
+# --------------------------------------------------------------------------- the comparison table
+
+
+def test_table_reports_ratios_and_rankings():
+    from experiments.sim_to_real import table
+
+    def s(e2e, ttft):
+        return dict(mean_e2e_s=e2e, p50_e2e_s=e2e, p99_e2e_s=e2e, mean_ttft_s=ttft, p50_ttft_s=ttft,
+                    p99_ttft_s=ttft, errors=0)
+
+    summary = {"a": s(2.0, 0.2), "a (sim)": s(2.2, 0.1), "a (sim, as profiled)": s(1.0, 0.05),
+               "a (sim, one speed)": s(2.0, 0.1),
+               "b": s(3.0, 0.3), "b (sim)": s(2.7, 0.05), "b (sim, as profiled)": s(1.5, 0.1),
+               "b (sim, one speed)": s(3.0, 0.2)}
+    text = "\n".join(table(summary, ["a", "b"], 0.5, 2.0))
+    assert "| a (sim) | 2.200 |" in text and "+10.0% | -50.0%" in text and "-10.0% | -83.3%" in text
+    assert "ranking by mean_e2e_s: served a < b; simulated a < b: same" in text
+    assert "ranking by mean_ttft_s: served a < b; simulated b < a: DIFFERENT" in text
+    assert "ranking by mean_ttft_s: served a < b; simulated at one speed x2.00 a < b: same" in text
