@@ -64,3 +64,38 @@ def test_router_streams_from_llama_servers_and_reads_their_metrics(servers):
         resp = httpx.post(r.url + "/v1/completions", json={"model": "gpt-9", "prompt": "x"}, timeout=10)
         assert resp.status_code == 404
         assert all(not v.inflight for v in svc.views)
+
+
+def test_non_streamed_client_disconnect_frees_the_llama_server_slot(servers):
+    """One slot: a long request whose client leaves must not hold it (llama.cpp cancels a task
+    whose connection closed; the router closes the upstream connection when its client goes)."""
+    cfg = RouterServiceConfig(backends=(servers[0].url,), router="round_robin", models=("smollm2",),
+                              context_tokens=1024, num_blocks=2048 // 16 // 2, poll_interval_s=0.1)
+    long = {"model": "smollm2", "prompt": "tok " * 8, "max_tokens": 600, "ignore_eos": True}
+    with ServerThread(create_app(cfg)) as r:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(r.url + "/v1/completions", json=long, timeout=httpx.Timeout(10.0, read=1.0))
+        import time
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            m = httpx.get(servers[0].url + "/metrics").text
+            if "llamacpp:requests_processing 0" in m:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("llama-server kept processing the abandoned request")
+
+
+def test_sim_to_real_command_runs_a_small_replay(tmp_path):
+    """The sim-to-real command end to end, tiny: 4 requests, one router, one load."""
+    from experiments import sim_to_real
+
+    report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin",
+                               "--llama-server", SERVER, "--gguf", MODEL, "--out", str(tmp_path)])
+    s = report["2.0"]
+    assert s["round_robin"]["errors"] == 0 and s["round_robin"]["requests"] == 4
+    assert s["round_robin"]["speed_factor"] >= 1.0
+    assert s["round_robin (sim)"]["mean_e2e_s"] > 0
+    text = (tmp_path / "summary.md").read_text()
+    assert "| round_robin (sim) |" in text and "ranking by mean_e2e_s" in text
