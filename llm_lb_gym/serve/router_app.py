@@ -226,28 +226,34 @@ class RouterService:
         sees the disconnect and aborts the request, freeing its slot) or takes the request out
         of the router's queue if it was still held. Why: a non-streamed handler writes nothing
         until the reply is complete, so without the watch the router would learn of the
-        disconnect only then, after the backend spent the whole generation on it."""
-        task = asyncio.ensure_future(work)
+        disconnect only then, after the backend spent the whole generation on it.
+
+        ``work`` (the ``_send`` coroutine) runs in this task and the watcher cancels this task:
+        one extra task per request and no ``asyncio.wait``, which cost ~0.05 ms of the router's
+        ~0.3 ms CPU per request. A cancellation lands at one of ``work``'s awaits, before it
+        settled its accounts, or not at all once ``work`` has returned (``working`` is False)."""
+        me = asyncio.current_task()
+        state = {"working": True, "left": False}
+
+        def on_gone(watch: asyncio.Future) -> None:
+            if state["working"] and not watch.cancelled():
+                state["left"] = True
+                me.cancel()
+
         gone = asyncio.ensure_future(_client_gone(request.receive))
+        gone.add_done_callback(on_gone)
         try:
-            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-        except BaseException:   # the handler itself is cancelled (shutdown)
-            task.cancel()
-            gone.cancel()
-            raise
-        if task.done():
-            gone.cancel()
-            return task.result()
-        task.cancel()
-        try:
-            await task
+            return await work
         except asyncio.CancelledError:
+            if not state["left"]:
+                raise   # cancelled from outside (shutdown)
+            me.uncancel()
             self.table.free(rid)   # _send gave back the backend slot; the row is this side's
             self.m_requests.labels(kind, "cancelled").inc()
-        except Exception:          # it failed meanwhile: _send settled its own accounts
-            pass
-        # (returned instead: it completed before the cancellation reached it, accounts settled)
-        return Response(status_code=499)   # nobody reads it: the connection is gone
+            return Response(status_code=499)   # nobody reads it: the connection is gone
+        finally:
+            state["working"] = False
+            gone.cancel()
 
     async def _send(self, req, raw: bytes, headers: dict, kind: str, path: str, rid: int):
         last_error = ""
