@@ -66,25 +66,28 @@ def test_router_streams_from_llama_servers_and_reads_their_metrics(servers):
         assert all(not v.inflight for v in svc.views)
 
 
-def test_non_streamed_client_disconnect_frees_the_llama_server_slot(servers):
-    """One slot: a long request whose client leaves must not hold it (llama.cpp cancels a task
-    whose connection closed; the router closes the upstream connection when its client goes)."""
+def test_client_disconnect_through_the_router_frees_the_llama_server_slot(servers):
+    """A streamed request whose client leaves after 3 events: llama-server cancels the task as
+    soon as the router closes its upstream connection. (This llama.cpp does not do the same for a
+    non-streamed request: measured, a 600-token one ran to its end with its client gone, whether
+    the client was the router or a direct one; docs/serving.md.)"""
+    import time
+
     cfg = RouterServiceConfig(backends=(servers[0].url,), router="round_robin", models=("smollm2",),
                               context_tokens=1024, num_blocks=2048 // 16 // 2, poll_interval_s=0.1)
-    long = {"model": "smollm2", "prompt": "tok " * 8, "max_tokens": 600, "ignore_eos": True}
+    long = {"model": "smollm2", "prompt": "tok " * 8, "max_tokens": 600, "ignore_eos": True, "stream": True}
     with ServerThread(create_app(cfg)) as r:
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(r.url + "/v1/completions", json=long, timeout=httpx.Timeout(10.0, read=1.0))
-        import time
-
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            m = httpx.get(servers[0].url + "/metrics").text
-            if "llamacpp:requests_processing 0" in m:
-                break
+        with httpx.stream("POST", r.url + "/v1/completions", json=long, timeout=60) as resp:
+            got = 0
+            for line in resp.iter_lines():
+                got += line.startswith("data: ")
+                if got >= 3:
+                    break
+        # 600 tokens take >= 10 s here; a cancelled task ends at once.
+        deadline = time.monotonic() + 5
+        while "llamacpp:requests_processing 0" not in httpx.get(servers[0].url + "/metrics").text:
+            assert time.monotonic() < deadline, "llama-server kept processing the abandoned request"
             time.sleep(0.1)
-        else:
-            raise AssertionError("llama-server kept processing the abandoned request")
 
 
 def test_sim_to_real_command_runs_a_small_replay(tmp_path):
