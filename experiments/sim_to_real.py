@@ -9,12 +9,14 @@ slots) is replayed open-loop, per router, through a router process in front of `
 fresh ``llama-server`` processes (one thread, ``--parallel`` slots each; ``ignore_eos`` and no
 prompt cache, so every request computes its whole prompt and decodes exactly its tokens), and run
 through the simulator configured as those servers (``serve/llamacpp_sim.py``: the fitted
-``smollm2-135m-llamacpp-cpu`` preset, slots as sequences, per-slot context, mixed batches). The
-table per load: mean / p50 / p99 E2E and TTFT served and simulated, the simulated / served
-ratio of the means, and whether the routers' order by mean E2E (and by mean TTFT) is the same.
-Writes ``results.csv`` (every request of every replay), ``summary.md`` and ``summary.json`` in
-``--out``, with the command and the load average of the machine before and after each replay
-(the servers share the cores with whatever else runs).
+``smollm2-135m-llamacpp-cpu`` preset, slots as sequences, per-slot context, mixed batches),
+with every time term scaled by the slowdown measured over that replay (the servers' compute
+threads' waits for a CPU, ``llamacpp_sim.slowdown``: the machine is shared), and also at one
+speed per load (the median slowdown) and unscaled. The table per load: mean / p50 / p99 E2E and
+TTFT served and simulated, the simulated / served ratio of the means, and whether the routers'
+order by mean E2E (and by mean TTFT) is the same. Writes ``results.csv`` (every request of every
+replay), ``summary.md`` and ``summary.json`` in ``--out``, with the command, each replay's
+slowdown and the load average of the machine before and after it.
 """
 
 from __future__ import annotations
