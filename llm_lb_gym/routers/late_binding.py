@@ -124,41 +124,63 @@ class LateBinding(RouterBase):
                               key=lambda i: (inv[q[i]], -q[i]))
         return best
 
-    def select_from_queue(self, cluster) -> tuple[int, int] | None:
-        self._require_reset(cluster)
-        cutoff = math.inf
+    def round_cutoff(self, cluster) -> float | None:
+        """Latest arrival time eligible now (``inf``: any), or None while no round is open."""
         p = self.options.period_s
         t = cluster.t
-        per_instance = self.options.rounds == "per_instance"
-        last_route = cluster.last_route_s
         if p > 0 and self.options.rounds == "since_release":
-            last = max(last_route)
+            last = max(cluster.last_route_s)
             if not (t - last >= p * (1 - _TICK_SLACK) or last == t):
                 return None
-        elif p > 0 and not per_instance:
-            k = math.floor(cluster.t / p + _TICK_SLACK)
+        elif p > 0 and self.options.rounds != "per_instance":
+            k = math.floor(t / p + _TICK_SLACK)
             if k != self._tick:
                 self._tick, self._closed = k, False
             if self._closed:
                 return None
-            cutoff = k * p * (1 + _TICK_SLACK)
+            return k * p * (1 + _TICK_SLACK)
+        return math.inf
+
+    def fits(self, cluster, room: int, need: int, i: int) -> bool:
+        """Whether instance ``i`` with ``room`` blocks takes a request needing ``need`` now."""
+        e = cluster.engines[i]
+        return room - need >= e.watermark and e.B + len(e.prefilling) + e.num_waiting < e.max_seqs
+
+    def instance_for(self, cluster, rid: int) -> int | None:
+        """The instance the chosen request goes to (the highest ``instance_value`` among those it
+        fits; ties to the lowest index), or None."""
+        p, t = self.options.period_s, cluster.t
+        per_instance = p > 0 and self.options.rounds == "per_instance"
+        last_route = cluster.last_route_s
+        homogeneous = cluster.speeds.homogeneous
+        need = self.need_blocks(cluster, rid)
+        best, best_room = None, None
+        for i, room in enumerate(self.rooms(cluster)):
+            if not homogeneous:
+                need = self.need_blocks(cluster, rid, i)
+            if per_instance and not (t - last_route[i] >= p * (1 - _TICK_SLACK)
+                                     or last_route[i] == t):
+                continue
+            if self.fits(cluster, room, need, i):
+                v = self.instance_value(cluster, room, i)
+                if best_room is None or v > best_room:
+                    best, best_room = i, v
+        return best
+
+    def instance_value(self, cluster, room: int, i: int) -> float:
+        """How much the router prefers instance ``i`` among those the request fits: its room."""
+        return room
+
+    def select_from_queue(self, cluster) -> tuple[int, int] | None:
+        self._require_reset(cluster)
+        cutoff = self.round_cutoff(cluster)
+        if cutoff is None:
+            return None
         pick = self.order(cluster, cutoff)
         if not pick:
             return None
         pos = pick[0]
-        rid = cluster.queue[pos]
-        homogeneous = cluster.speeds.homogeneous
-        need = self.need_blocks(cluster, rid)
-        best, best_room = None, None
-        for i, (room, e) in enumerate(zip(self.rooms(cluster), cluster.engines)):
-            if not homogeneous:
-                need = self.need_blocks(cluster, rid, i)
-            if per_instance and p > 0 and not (t - last_route[i] >= p * (1 - _TICK_SLACK)
-                                               or last_route[i] == t):
-                continue
-            if room - need >= e.watermark and e.B + len(e.prefilling) + e.num_waiting < e.max_seqs:
-                if best_room is None or room > best_room:
-                    best, best_room = i, room
+        best = self.instance_for(cluster, cluster.queue[pos])
         if best is None:
             self._closed = True
             return None

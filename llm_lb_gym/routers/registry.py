@@ -20,13 +20,14 @@ from .max_capacity import MaxCapacity
 from .min_min import MinMin
 from .mixing_greedy import MixingGreedy
 from .prefix_affinity import PrefixAffinity, PrefixAffinityApprox
+from .scored_binding import ScoredBinding
 from .slo_aware import SLOAware
 from .token_load import DecodeBalancer, DedicatedSmallLarge, JoinShortestQueue
 
 _CLASSES: tuple[type[RouterBase], ...] = (
     RoundRobin, Random, JoinShortestQueue, MaxCapacity, MinMin, DecodeBalancer,
     DedicatedSmallLarge, LeastRequests, PowerOfTwo, MixingGreedy, KVQueueScorer, LateBinding,
-    Lookahead, PrefixAffinity, PrefixAffinityApprox, SLOAware,
+    Lookahead, PrefixAffinity, PrefixAffinityApprox, SLOAware, ScoredBinding,
 )
 ROUTER_CLASSES: dict[str, type[RouterBase]] = {cls.name: cls for cls in _CLASSES}
 ROUTERS: tuple[str, ...] = tuple(ROUTER_CLASSES)
