@@ -339,11 +339,12 @@ def test_registry_names_and_errors():
     assert ROUTERS == ("round_robin", "random", "jsq", "max_capacity", "min_min", "decode_balancer",
                        "dedicated_small_large", "least_requests", "power_of_two", "mixing_greedy",
                        "kv_queue_scorer", "late_binding", "lookahead", "prefix_affinity",
-                       "prefix_affinity_approx", "slo_aware")
+                       "prefix_affinity_approx", "slo_aware", "scored_binding")
     for name in ROUTERS:
         r = make_router(name)
         assert r.name == name and isinstance(r, Router)
-        assert isinstance(r, QueueRouter) == (name in ("min_min", "late_binding", "lookahead"))
+        assert isinstance(r, QueueRouter) == (name in ("min_min", "late_binding", "lookahead",
+                                                           "scored_binding"))
     with pytest.raises(ConfigError, match="unknown router 'rr'; allowed: .*round_robin"):
         make_router("rr")
     with pytest.raises(ConfigError, match="unknown router 'jsq' option.*: period_s"):
