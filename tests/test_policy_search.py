@@ -99,3 +99,21 @@ def test_tiny_search_is_deterministic_and_never_worse_than_its_start():
     assert a["best_val_objective"] <= 0.0 == ps.objective(cfg, start, start, None)
     c = ps.policy_search(ENV, ps.SearchConfig(**{**TINY, "seed": 6}), log=lambda *_: None)
     assert strip(c["history"]) != strip(a["history"])   # the seed is what fixes the search
+
+
+def test_entry_point_runs_tiny_and_saves_options_evaluate_can_use(tmp_path):
+    import yaml
+
+    from experiments.policy_search import search, search_config
+    from experiments.reproduce import compose
+
+    over = ["experiment=[v100_near_capacity,debug]", "search.generations=1", "search.population=2",
+            "search.seeds_per_generation=1", "search.validation_seeds=[500]", "search.workers=1",
+            "test.episodes=2", "progress=false"]
+    with pytest.raises(ConfigError, match=r"unknown search option\(s\): generation; allowed: generations"):
+        search_config(compose("policy_search", over + ["+search.generation=3"]))
+    res = search(compose("policy_search", over), out=tmp_path)
+    saved = yaml.safe_load((tmp_path / "scored_binding.yaml").read_text())["scored_binding"]
+    assert ScoredBindingOptions(**saved) == ScoredBindingOptions(**res["summary"]["found_options"])
+    assert set(res["summary"]["change_vs_each_pct"]) == {"round_robin", "least_requests", "late_binding"}
+    assert (tmp_path / "search_summary.json").exists() and (tmp_path / "test" / "results.csv").exists()
