@@ -112,6 +112,7 @@ def search(cfg, out: Path | None = None) -> dict:
         say(f"{NAME} SLO attainment vs each (points, paired 95% CI): "
             + "; ".join(f"{p} {m:+.2f} ± {h:.2f}" for p, (m, h) in slo.items()))
     say(f"evaluate it: python -m experiments.evaluate {' '.join(_setting_overrides())} "
+        f"episodes={int(cfg.test.episodes)} seed={int(cfg.test.seed)} "
         f"'policies=[round_robin,late_binding,{NAME}]' "
         f"'policy_options={{{NAME}: {json.dumps(found).replace(chr(34), '')}}}'")
     say(f"run dir {out}; TensorBoard: tensorboard --logdir {out / 'tb'}")
