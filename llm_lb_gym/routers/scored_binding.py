@@ -136,6 +136,10 @@ class ScoredBinding(LateBinding):
         if o.max_wait_s is not None and q and t - tb.arrival_s[q[0]] > o.max_wait_s:
             return [0]
         inv, arr, prompt = tb.inv_ideal, tb.arrival_s, tb.prompt
+        if q and not inv[q[0]] > 0.0:
+            raise ValueError("router 'scored_binding' with order weights needs the requests' "
+                             "predicted ideal latencies (table.inv_ideal, which the env fills; "
+                             "drive.build_table leaves them 0)")
         late = o.late_penalty if tb.slo_on else 0.0
         dl = tb.ttft_deadline_s
 
