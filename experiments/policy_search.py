@@ -54,7 +54,8 @@ def search(cfg, out: Path | None = None) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
     from agents.policy_search import policy_search
-    from experiments.evaluate import evaluate, paired_difference
+    from experiments._tables import paired_difference
+    from experiments.evaluate import evaluate
     from experiments.improve import paired_rows
 
     out = Path(out) if out is not None else run_dir(cfg)

@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     from agents.policy_search import Episodes, start_options
-    from experiments.evaluate import paired_difference
+    from experiments._tables import paired_difference
 
     cfg = compose("evaluate", args.overrides)
     kw = env_kwargs(cfg)
