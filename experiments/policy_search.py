@@ -9,7 +9,7 @@ Runs :func:`agents.policy_search.policy_search` on the setting (``conf/policy_se
 writes the found options to ``scored_binding.yaml`` in the run directory (and the command that
 evaluates them), logs the generations to TensorBoard (``<run>/tb``), then evaluates the found
 router, the start point's late_binding and the listed heuristics on the test seeds
-(``experiments.evaluate``: identical seeded episodes) and prints the paired % change of mean
+(``experiments._evaluation.evaluate``: identical seeded episodes) and prints the paired % change of mean
 E2E against each, with 95% confidence intervals, p99 E2E against round robin's, SLO attainment
 (points, paired) where the setting has deadlines, and the search's wall time.
 """
@@ -54,9 +54,8 @@ def search(cfg, out: Path | None = None) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
     from agents.policy_search import policy_search
-    from experiments._tables import paired_difference
-    from experiments.evaluate import evaluate
-    from experiments.improve import paired_rows
+    from experiments._evaluation import evaluate
+    from experiments._tables import paired_change, paired_difference
 
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,8 +79,9 @@ def search(cfg, out: Path | None = None) -> dict:
     t1 = time.perf_counter()
     ev = evaluate(ev_cfg, out=out / "test", leave_bars=False)
     rows = ev["rows"]
-    vs_each = {p: paired_rows(rows, NAME, p) for p in policies if p != NAME}
-    each_vs_rr = {p: paired_rows(rows, p, "round_robin") for p in policies if p != "round_robin"}
+    vs_each = {p: paired_change(*_by_seed(rows, NAME, p, "mean_e2e_s")) for p in policies if p != NAME}
+    each_vs_rr = {p: paired_change(*_by_seed(rows, p, "round_robin", "mean_e2e_s"))
+                  for p in policies if p != "round_robin"}
     p99 = {p: float(np.mean([r["p99_e2e_s"] for r in rows if r["policy"] == p])) for p in policies}
     slo = None
     if all(r.get("slo_attainment_pct") is not None for r in rows):

@@ -29,8 +29,7 @@ import time
 
 import numpy as np
 
-from ._hydra import env_kwargs
-from .reproduce import compose
+from ._hydra import compose, env_kwargs
 
 POINTS = {
     "period 0": {"period_s": 0.0}, "period 0.05": {"period_s": 0.05}, "period 0.2": {"period_s": 0.2},

@@ -105,7 +105,7 @@ def test_entry_point_runs_tiny_and_saves_options_evaluate_can_use(tmp_path):
     import yaml
 
     from experiments.policy_search import search, search_config
-    from experiments.reproduce import compose
+    from experiments._hydra import compose
 
     over = ["experiment=[v100_near_capacity,debug]", "search.generations=1", "search.population=2",
             "search.seeds_per_generation=1", "search.validation_seeds=[500]", "search.workers=1",
