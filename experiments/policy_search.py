@@ -16,6 +16,11 @@ E2E against each, with 95% confidence intervals, p99 E2E against round robin's, 
 
 from __future__ import annotations
 
+from llm_lb_gym.extras import require
+
+# before the imports below: name the extra, not a missing module
+require("rl", "llm-lb-gym policy_search")
+
 import json
 import time
 from dataclasses import fields
@@ -23,8 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments._evaluation import evaluate
 from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from experiments._progress import say
+from experiments._tables import paired_change, paired_difference
 
 NAME = "scored_binding"
 
@@ -54,8 +61,6 @@ def search(cfg, out: Path | None = None) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
     from agents.policy_search import policy_search
-    from experiments._evaluation import evaluate
-    from experiments._tables import paired_change, paired_difference
 
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)

@@ -30,6 +30,7 @@ import time
 import numpy as np
 
 from ._hydra import compose, env_kwargs
+from ._tables import paired_difference
 
 POINTS = {
     "period 0": {"period_s": 0.0}, "period 0.05": {"period_s": 0.05}, "period 0.2": {"period_s": 0.2},
@@ -63,7 +64,6 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
 
     from agents.policy_search import Episodes, start_options
-    from experiments._tables import paired_difference
 
     cfg = compose("evaluate", args.overrides)
     kw = env_kwargs(cfg)
