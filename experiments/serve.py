@@ -64,6 +64,9 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--block-size", type=int, default=16)
     r.add_argument("--max-seqs", type=int, default=128)
     r.add_argument("--max-attempts", type=int, default=3)
+    r.add_argument("--no-assemble-upstream", dest="assemble_upstream", action="store_false",
+                   help="pass non-streamed requests through as sent (default: stream them upstream "
+                        "and assemble the reply, so a client that leaves cancels them at llama.cpp)")
     r.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("sim", help="a simulated backend")
     s.add_argument("--model", default="sim-model")
@@ -98,7 +101,8 @@ def build_app(args):
             models=tuple(args.model or ["sim-model"]), context_tokens=args.context_tokens,
             tokenizer=args.tokenizer, preset=args.preset, decision_interval_s=args.decision_interval_s,
             poll_interval_s=args.poll_interval_s, num_blocks=args.num_blocks, block_size=args.block_size,
-            max_seqs=args.max_seqs, max_attempts=args.max_attempts, seed=args.seed)
+            max_seqs=args.max_seqs, max_attempts=args.max_attempts, seed=args.seed,
+            assemble_upstream=args.assemble_upstream)
         router = load_policy(args.policy, args.policy_model, cfg) if args.policy else None
         return create_app(cfg, router)
     except (ConfigError, TypeError, ValueError, OSError) as exc:

@@ -56,6 +56,11 @@ class RouterServiceConfig:
     """Batch slots per backend (late_binding releases only while one is free)."""
     max_attempts: int = 3
     """Backends tried per request when connecting or a non-streamed reply fails."""
+    assemble_upstream: bool = True
+    """A client's non-streamed request goes upstream as a stream and the router assembles the
+    reply (``serve/assemble.py``): a client that leaves then cancels it at llama.cpp too, which
+    aborts only streamed requests, and its tokens are counted as they come. False: the body is
+    passed through as sent and the backend's own reply returned byte for byte."""
     queue_timeout_s: float = 60.0
     """A request waiting this long at the router (no backend up, or held) gets a 503."""
     request_timeout_s: float = 600.0
@@ -84,6 +89,8 @@ class RouterServiceConfig:
         check_int("num_blocks", self.num_blocks, 1)
         check_int("max_seqs", self.max_seqs, 1)
         check_int("max_attempts", self.max_attempts, 1, 100)
+        if not isinstance(self.assemble_upstream, bool):
+            raise ConfigError(f"assemble_upstream={self.assemble_upstream!r}: allowed: True, False")
         check_range("queue_timeout_s", self.queue_timeout_s, 0.0, lo_open=True)
         check_range("request_timeout_s", self.request_timeout_s, 0.0, lo_open=True)
         check_int("seed", self.seed, 0)

@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from ..routers.drive import decide
 from ..routers.registry import make_router
 from ..sim.latency import get_preset
+from .assemble import Assembler, UpstreamErrorEvent, needs_passthrough, streamed_body
 from .config import RouterServiceConfig
 from .protocol import CHAT, COMPLETIONS, BadRequest, error_body, make_counter, parse_request
 from .scrape import parse_metrics
@@ -256,6 +257,9 @@ class RouterService:
             gone.cancel()
 
     async def _send(self, req, raw: bytes, headers: dict, kind: str, path: str, rid: int):
+        assemble = not req.stream and self.cfg.assemble_upstream and needs_passthrough(req.body) is None
+        if assemble:
+            raw = streamed_body(req.body)
         last_error = ""
         for attempt in range(self.cfg.max_attempts):
             try:
@@ -270,11 +274,23 @@ class RouterService:
             url = view.url + path
             try:
                 resp = await self.client.post(url, data=raw, headers=headers)
+                asm = None
                 if not req.stream:
                     try:
-                        content = await resp.read()
-                    finally:
-                        resp.release()
+                        if assemble and resp.status == 200:
+                            asm = await self._assemble(resp, view, rid, kind)
+                        else:
+                            content = await resp.read()
+                    except BaseException:
+                        resp.close()    # drop the connection: the backend sees the client go
+                        raise
+                    resp.release()
+            except UpstreamErrorEvent as exc:   # the backend's own error event: not a fault to retry
+                self.finish(view, rid)
+                self.table.free(rid)
+                self.m_requests.labels(kind, "upstream_error").inc()
+                return JSONResponse(error_body(f"backend {view.url} sent an error instead of its "
+                                               f"reply: {exc}", "upstream_error"), status_code=502)
             except _UPSTREAM_ERRORS as exc:
                 last_error = f"{view.url}: {type(exc).__name__}: {exc}"
                 self.mark_down(view)
@@ -290,6 +306,8 @@ class RouterService:
                 self.table.free(rid)
                 outcome = "ok" if resp.status == 200 else "backend_status"
                 self.m_requests.labels(kind, outcome).inc()
+                if asm is not None:
+                    return JSONResponse(asm.reply(req.prompt_tokens))
                 return Response(content, status_code=resp.status,
                                 media_type=resp.headers.get("content-type", "application/json"))
             if resp.status != 200:
@@ -312,6 +330,18 @@ class RouterService:
         self.table.free(rid)
         return JSONResponse(error_body(f"every attempt failed ({self.cfg.max_attempts}); last: "
                                        f"{last_error}", "upstream_error"), status_code=502)
+
+    async def _assemble(self, resp, view: BackendView, rid: int, kind: str) -> Assembler:
+        """Read a streamed upstream reply into an ``Assembler``, counting its tokens; a stream
+        that ends before the reply is complete is an upstream fault (retried elsewhere)."""
+        asm = Assembler(kind)
+        async for chunk in resp.content.iter_any():
+            n = asm.feed(chunk)
+            if n:
+                view.on_tokens(rid, n)
+        if not asm.complete:
+            raise aiohttp.ClientPayloadError("the stream ended before the reply was complete")
+        return asm
 
     async def _stream(self, relay: "_Relay"):
         resp, view, rid = relay.resp, relay.view, relay.rid

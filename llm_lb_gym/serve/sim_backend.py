@@ -16,6 +16,7 @@ A client that disconnects, streamed or not, has its request aborted (``Engine.ab
 leaves the waiting queue or the batch, its KV blocks and batch slot go to the waiting requests
 at the next iteration, as vLLM aborts a request whose client went away (counted in
 ``sim_backend_cancelled_total``). One mid-chunked-prefill is aborted when its prefill ends.
+A stream with ``stream_options.include_usage`` ends with OpenAI's usage chunk (no choices).
 """
 
 from __future__ import annotations
@@ -262,6 +263,10 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
         except BadRequest as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         cid = f"cmpl-sim-{live.rid}-{id(b.engine) & 0xffff:x}"
+        usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_tokens,
+                 "total_tokens": req.prompt_tokens + req.max_tokens}
+        opts = req.body.get("stream_options")
+        include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         if not req.stream:
             gone = asyncio.ensure_future(_client_gone(request.receive))
             try:
@@ -276,8 +281,6 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
             finally:
                 gone.cancel()
             text = " tok" * req.max_tokens
-            usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.max_tokens,
-                     "total_tokens": req.prompt_tokens + req.max_tokens}
             if kind == CHAT:
                 choice = {"index": 0, "message": {"role": "assistant", "content": text},
                           "finish_reason": "length"}
@@ -301,6 +304,10 @@ def create_app(cfg: SimBackendConfig = SimBackendConfig()):
                     if live.done:
                         break
                 yield _chunk_bytes(kind, cid, cfg.model, "length", "")
+                if include_usage:   # OpenAI's last chunk: no choices, the usage
+                    obj = "chat.completion.chunk" if kind == CHAT else "text_completion"
+                    yield b"data: " + json.dumps({"id": cid, "object": obj, "model": cfg.model,
+                                                  "choices": [], "usage": usage}).encode() + b"\n\n"
                 yield b"data: [DONE]\n\n"
             finally:
                 if not live.done:
