@@ -66,6 +66,27 @@ def test_router_streams_from_llama_servers_and_reads_their_metrics(servers):
         assert all(not v.inflight for v in svc.views)
 
 
+def test_assembled_reply_equals_llama_server_s_own(servers):
+    """Greedy decoding, so the router's assembled reply (the request sent upstream as a stream)
+    must carry llama-server's own non-streamed text, finish reason and token counts."""
+    cfg = RouterServiceConfig(backends=(servers[0].url,), models=("smollm2",), context_tokens=1024,
+                              num_blocks=2048 // 16 // 2, poll_interval_s=0.1)
+    bodies = {"/v1/completions": {"model": "smollm2", "prompt": "The capital of France is",
+                                  "max_tokens": 12, "temperature": 0},
+              "/v1/chat/completions": {"model": "smollm2", "max_tokens": 12, "temperature": 0,
+                                       "messages": [{"role": "user", "content": "Say hello."}]}}
+    with ServerThread(create_app(cfg)) as r:
+        for path, body in bodies.items():
+            own = httpx.post(servers[0].url + path, json=body, timeout=120).json()
+            got = httpx.post(r.url + path, json=body, timeout=120).json()
+            key = "text" if path == "/v1/completions" else "message"
+            assert [c[key] for c in got["choices"]] == [c[key] for c in own["choices"]], path
+            assert [c["finish_reason"] for c in got["choices"]] == [c["finish_reason"] for c in own["choices"]]
+            for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+                assert got["usage"][k] == own["usage"][k], (path, k)
+            assert got["object"] == own["object"] and got["model"] == own["model"]
+
+
 def _slot_freed_within(url: str, timeout_s: float) -> float:
     """Seconds until llama-server reports no request processing; fails after ``timeout_s``."""
     import time
