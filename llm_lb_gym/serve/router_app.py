@@ -6,16 +6,21 @@ add it to the service table and the router queue, and let the router decide thro
 the simulator. A router that never defers routes every queued request at once; a holding
 router (``late_binding``) keeps requests in the queue and is asked again every
 ``decision_interval_s`` and whenever a request ends. The request is then proxied to its backend
-and the reply passed through unchanged: a streamed reply chunk by chunk as it arrives (each SSE
-event counts as one token streamed in the in-flight table).
+and a streamed reply passed through unchanged, chunk by chunk as it arrives (each SSE event
+counts as one token streamed in the in-flight table). A non-streamed request goes upstream as a
+stream too and the router assembles the reply (``assemble.py``; ``assemble_upstream``, default
+on): llama.cpp aborts only streamed requests whose client left, and the tokens are counted as
+they come; off, or for a request the assembler cannot rebuild, the body and reply pass through.
 
-Faults. A backend that refuses the connection or breaks a non-streamed reply is marked down and
-the request goes back to the queue for another backend (up to ``max_attempts``); a streamed
-reply that breaks after bytes went out cannot be replayed, so the client gets a final SSE
-``error`` event; either way it is counted (``llm_lb_router_requests_total{outcome}``). The
-poller marks a backend down when its ``/metrics`` fails and up again when it answers. A client
+Faults. A backend that refuses the connection or breaks a non-streamed reply (an assembled
+one too, or one that ends unfinished: nothing went out yet) is marked down and the request goes
+back to the queue for another backend (up to ``max_attempts``); an assembled reply whose
+backend sends an SSE error event gets a 502 with its message; a streamed reply that breaks
+after bytes went out cannot be replayed, so the client gets a final SSE ``error`` event;
+either way it is counted (``llm_lb_router_requests_total{outcome}``). The poller marks a backend down when its ``/metrics`` fails and up again when it answers. A client
 that disconnects, streamed or not, closes the upstream connection (or leaves the router's
-queue), which cancels the request at a vLLM or llama.cpp server and at the simulated backend.
+queue), which cancels the request at a vLLM or llama.cpp server and at the simulated backend
+(at llama.cpp only for a stream, hence the assembled non-streamed replies).
 
 Why Starlette + uvicorn + aiohttp: Starlette is FastAPI's core (vLLM's OpenAI server is FastAPI
 on uvicorn), and uvicorn with uvloop and httptools is among the fastest Python ASGI servers;
