@@ -63,6 +63,8 @@ def start(args, router: str):
     port = free_port()
     cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port)]
     cmd += ["--policy", args.policy] if router == "learned" else ["--router", router]
+    if not args.assemble_upstream:
+        cmd.append("--no-assemble-upstream")
     for u in urls:
         cmd += ["--backend", u]
     procs.append(subprocess.Popen(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.DEVNULL))
@@ -175,6 +177,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rate-seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-requests", type=int, default=100000)
+    ap.add_argument("--no-assemble-upstream", dest="assemble_upstream", action="store_false",
+                    help="the router passes non-streamed requests through instead of assembling them "
+                         "from upstream streams (compare the two paths' cost)")
     ap.add_argument("--decisions", type=int, default=2000, help="in-process decision-time samples")
     ap.add_argument("--policy", default=None, help="experiments.train run dir (for --backends "
                     "instances): adds a 'learned' router row")
