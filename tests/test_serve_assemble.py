@@ -33,7 +33,8 @@ from test_serve import MODEL, _leave_after, metric, start_router, wait_for  # no
 class Spy:
     """A completions backend that streams ``tokens`` words ``gap_s`` apart. ``mode``: ``ok``;
     ``break`` (the connection drops after two tokens); ``truncate`` (the stream ends cleanly
-    after two tokens, no finish reason, no [DONE]); ``error`` (an SSE error event after one)."""
+    after two tokens, no finish reason, no [DONE]); ``error`` (an SSE error event after one);
+    ``late_break`` (the connection drops after [DONE])."""
 
     def __init__(self, mode: str = "ok", tokens: int = 5, gap_s: float = 0.0):
         self.mode, self.tokens, self.gap_s = mode, tokens, gap_s
@@ -78,9 +79,11 @@ class Spy:
                                "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": self.tokens,
                                                         "total_tokens": 1 + self.tokens}})
             yield b"data: [DONE]\n\n"
+            if self.mode == "late_break":
+                raise RuntimeError("spy: connection dropped after [DONE]")
             finished = True
         finally:
-            if not finished and self.mode != "break":
+            if not finished and self.mode not in ("break", "late_break"):
                 self.abandoned += 1
 
 
@@ -165,6 +168,14 @@ def test_a_stream_broken_before_the_reply_is_complete_is_retried_elsewhere():
             assert all(not v.inflight for v in svc.views)
 
 
+def test_a_connection_dropped_after_done_keeps_the_whole_reply():
+    spy = Spy("late_break")
+    with ServerThread(spy.app) as b, start_router([b.url]) as r:
+        resp = _post(r.url, {"model": MODEL, "prompt": "x", "max_tokens": 5})
+        assert resp.status_code == 200 and resp.json()["choices"][0]["text"] == "w0 w1 w2 w3 w4 "
+        assert len(spy.bodies) == 1
+
+
 def test_every_stream_broken_is_a_502_and_an_error_event_is_passed_on():
     spies = [Spy("break"), Spy("break")]
     with ServerThread(spies[0].app) as b1, ServerThread(spies[1].app) as b2, \
@@ -186,9 +197,11 @@ def test_every_stream_broken_is_a_502_and_an_error_event_is_passed_on():
 def test_requests_the_assembler_cannot_rebuild_are_passed_through():
     spy = Spy("ok")
     with ServerThread(spy.app) as b, start_router([b.url]) as r:
-        resp = _post(r.url, {"model": MODEL, "prompt": "x", "max_tokens": 5, "logprobs": 2})
-        assert resp.status_code == 200   # the spy streams anyway; the router passed it as sent
-    assert "stream" not in spy.bodies[0] and "stream_options" not in spy.bodies[0]
+        for extra in ({"logprobs": 2}, {"best_of": 2}, {"logprobs": None, "tools": []}):
+            resp = _post(r.url, {"model": MODEL, "prompt": "x", "max_tokens": 5, **extra})
+            assert resp.status_code == 200   # the spy streams anyway; the router passed it as sent
+    assert ["stream" in b for b in spy.bodies] == [False, False, True]   # the last is assembled
+    assert "stream_options" not in spy.bodies[0]
 
 
 def test_assembler_joins_split_chunks_and_falls_back_to_its_own_counts():

@@ -12,7 +12,8 @@ non-null one); top level ``id``, ``created``, ``model``, ``system_fingerprint`` 
 and ``usage`` from the chunk that carries it (asked for with ``stream_options.include_usage``).
 A backend that sends no usage gets the router's counts (prompt tokens as it counted them,
 completion tokens = content events). Requests whose stream cannot be assembled this simply
-(``logprobs``, ``tools`` / ``functions``) are passed through unchanged (``needs_passthrough``).
+(``logprobs``, ``tools`` / ``functions``, ``best_of``) are passed through unchanged
+(``needs_passthrough``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ import json
 
 from .protocol import CHAT
 
-_PASSTHROUGH_FIELDS = ("logprobs", "top_logprobs", "tools", "functions")
+_PASSTHROUGH_FIELDS = {"logprobs": (None, False), "top_logprobs": (None,), "tools": (None, []),
+                       "functions": (None, []), "best_of": (None, 1)}
+"""Fields whose use keeps a request on the pass-through path, with the values that do not:
+their streams are not assembled (logprobs, tool calls), or a server refuses them streamed
+(vLLM: ``best_of`` > 1)."""
 
 
 def needs_passthrough(body: dict) -> str | None:
     """The field that keeps a request on the pass-through path, or None."""
-    for k in _PASSTHROUGH_FIELDS:
-        if body.get(k):
+    for k, unused in _PASSTHROUGH_FIELDS.items():
+        if k in body and body[k] not in unused:
             return k
     return None
 

@@ -340,10 +340,14 @@ class RouterService:
         """Read a streamed upstream reply into an ``Assembler``, counting its tokens; a stream
         that ends before the reply is complete is an upstream fault (retried elsewhere)."""
         asm = Assembler(kind)
-        async for chunk in resp.content.iter_any():
-            n = asm.feed(chunk)
-            if n:
-                view.on_tokens(rid, n)
+        try:
+            async for chunk in resp.content.iter_any():
+                n = asm.feed(chunk)
+                if n:
+                    view.on_tokens(rid, n)
+        except _UPSTREAM_ERRORS:
+            if not asm.done:    # broken after [DONE]: the reply is whole all the same
+                raise
         if not asm.complete:
             raise aiohttp.ClientPayloadError("the stream ended before the reply was complete")
         return asm
