@@ -1,14 +1,18 @@
 """Build hook: compile the simulator's engine with Cython when possible (optional).
 
-Everything else is declared in pyproject.toml. ``llm_lb_gym/sim/engine.py`` is plain Python; a
-copy of it, typed by ``engine.pxd``, becomes the extension ``llm_lb_gym.sim._engine_c`` (see
-``llm_lb_gym/sim/_compiled.py`` for how it is chosen at run time). If Cython or a C compiler
-is missing, or ``LLM_LB_GYM_PURE_PYTHON=1`` is set, the package installs without it and runs
-the same engine in pure Python.
+Everything else is declared in pyproject.toml. The engine's modules (``MODULES`` below:
+``llm_lb_gym/sim/<name>.py``) are plain Python; a copy of each, typed by its ``<name>.pxd``,
+becomes the extension ``llm_lb_gym.sim._<name>_c`` (see ``llm_lb_gym/sim/_compiled.py`` for how
+it is chosen at run time). In the copies, imports between these modules are renamed to the
+compiled modules (``from .kv_cache import`` -> ``from ._kv_cache_c import``, the same in the
+.pxd's cimports), so the engine calls its parts as C functions. If Cython or a C compiler is
+missing, or ``LLM_LB_GYM_PURE_PYTHON=1`` is set, the package installs without it and runs the
+same engine in pure Python.
 """
 
 import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,7 +21,16 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SIM = ROOT / "llm_lb_gym" / "sim"
-SOURCES = ("engine.py", "engine.pxd")   # keep in sync with llm_lb_gym/sim/_compiled.py
+# Compiled modules, each one imported only by those after it. Keep in sync with
+# llm_lb_gym/sim/_compiled.py (its MODULES; a test checks they agree).
+MODULES = ("engine",)
+SOURCES = tuple(f"{m}{ext}" for m in MODULES for ext in (".py", ".pxd"))
+_SIBLING = re.compile(r"^(from \.)(" + "|".join(MODULES) + r")( c?import )", re.MULTILINE)
+
+
+def _compiled_copy(text: str) -> str:
+    """``text`` with its imports of the other engine modules pointed at their compiled copies."""
+    return _SIBLING.sub(r"\1_\2_c\3", text)
 
 
 def _warn(msg: str) -> None:
@@ -39,19 +52,21 @@ def _extensions() -> list:
     gen.mkdir(parents=True, exist_ok=True)
     for pkg in (gen.parent, gen):   # Cython finds the .pxd through the package layout
         (pkg / "__init__.py").touch()
-    src = (SIM / "engine.py").read_text()
-    (gen / "_engine_c.py").write_text(
-        src + f'\n\nSOURCE_SHA256 = "{h.hexdigest()}"   # added by setup.py\n')
-    (gen / "_engine_c.pxd").write_text((SIM / "engine.pxd").read_text())
-    ext = Extension(
-        "llm_lb_gym.sim._engine_c", [str(gen / "_engine_c.py")],
-        # No fused multiply-add: keep every float operation as Python evaluates it.
-        extra_compile_args=["-O2", "-ffp-contract=off"])
+    exts = []
+    for m in MODULES:
+        src = _compiled_copy((SIM / f"{m}.py").read_text())
+        (gen / f"_{m}_c.py").write_text(
+            src + f'\n\nSOURCE_SHA256 = "{h.hexdigest()}"   # added by setup.py\n')
+        (gen / f"_{m}_c.pxd").write_text(_compiled_copy((SIM / f"{m}.pxd").read_text()))
+        exts.append(Extension(
+            f"llm_lb_gym.sim._{m}_c", [str(gen / f"_{m}_c.py")],
+            # No fused multiply-add: keep every float operation as Python evaluates it.
+            extra_compile_args=["-O2", "-ffp-contract=off"]))
     try:
-        return cythonize([ext], language_level=3, quiet=True,
+        return cythonize(exts, language_level=3, quiet=True,
                          compiler_directives={"cdivision": False, "infer_types": None,
                                               "annotation_typing": False})
-    except Exception as exc:   # a typing error in engine.pxd: install without it
+    except Exception as exc:   # a typing error in a .pxd: install without it
         _warn(f"Cython failed ({exc})")
         return []
 

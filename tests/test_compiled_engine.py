@@ -102,3 +102,14 @@ def test_compiled_equals_pure_bit_for_bit(options, monkeypatch):
         assert pure[2]["preemptions"] > 0           # the scenario exercises preemption
     if options.get("engine", {}).get("enable_prefix_caching"):
         assert pure[2]["prefix_hit_rate"] > 0 and pure[2]["prefix_evictions"] > 0
+
+
+def test_setup_compiles_the_modules_the_runtime_checks():
+    """setup.py's MODULES and _compiled.py's name the same files in the same order (a module
+    compiled but not checked could run stale; one checked but not compiled disables the build)."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    found = re.search(r"^MODULES = (\(.*?\))", text, re.MULTILINE | re.DOTALL)
+    assert found and eval(found.group(1)) == _compiled.MODULES
+    assert _compiled.MODULES[-1] == "engine"

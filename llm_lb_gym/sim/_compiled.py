@@ -1,28 +1,31 @@
-"""Choose the engine implementation: the Cython build of ``engine.py`` when it is current.
+"""Choose the engine implementation: the Cython build of the engine's modules when it is current.
 
-``engine.py`` is plain Python and the source of truth. At install time ``setup.py`` compiles a
-copy of it, with the C types of ``engine.pxd``, into ``llm_lb_gym.sim._engine_c`` (about 2x
-faster env steps; same arithmetic in the same order, so results are bit-identical, which
-``tests/test_compiled_engine.py`` checks). The copy carries the SHA-256 of the two files it was
-built from. If they have changed since (an edit without a rebuild), the compiled module would
-run stale code, so it is ignored with a warning. ``LLM_LB_GYM_PURE_PYTHON=1`` forces the
+The engine's modules (``MODULES``: ``engine.py`` and the parts it holds) are plain Python and
+the source of truth. At install time ``setup.py`` compiles a copy of each, with the C types of
+its ``.pxd``, into ``llm_lb_gym.sim._<name>_c`` (about 2x faster env steps; same arithmetic in
+the same order, so results are bit-identical, which ``tests/test_compiled_engine.py`` checks).
+Each copy carries the SHA-256 of all the files they were built from. If one has changed since
+(an edit without a rebuild), the compiled modules would run stale code, so they are ignored
+with a warning. ``LLM_LB_GYM_PURE_PYTHON=1`` forces the
 pure-Python engine (at build time: skips compiling).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
 import os
 import warnings
 from functools import lru_cache
 from pathlib import Path
 
 PURE_ENV_VAR = "LLM_LB_GYM_PURE_PYTHON"
-SOURCES = ("engine.py", "engine.pxd")
+MODULES = ("engine",)   # as setup.py's MODULES: each imports only those before it
+SOURCES = tuple(f"{m}{ext}" for m in MODULES for ext in (".py", ".pxd"))
 
 
 def source_digest(directory: Path | None = None) -> str:
-    """SHA-256 over the engine's source files (what the build embeds in the compiled copy)."""
+    """SHA-256 over the engine's source files (what the build embeds in each compiled copy)."""
     d = Path(__file__).parent if directory is None else directory
     h = hashlib.sha256()
     for name in SOURCES:
@@ -39,17 +42,18 @@ def compiled_engine_class():
     if pure_python_forced():
         return None
     try:
-        from . import _engine_c
+        compiled = [importlib.import_module(f"{__package__}._{m}_c") for m in MODULES]
     except ImportError:
         return None
-    if getattr(_engine_c, "SOURCE_SHA256", None) != source_digest():
+    digest = source_digest()
+    if any(getattr(c, "SOURCE_SHA256", None) != digest for c in compiled):
         warnings.warn(
             "llm_lb_gym: the compiled engine was built from another version of "
-            "llm_lb_gym/sim/engine.py or engine.pxd; using the pure-Python engine (same results, "
-            "slower). Rebuild it with the README's install command (pip install -e .).",
+            f"llm_lb_gym/sim/{{{','.join(SOURCES)}}}; using the pure-Python engine (same "
+            "results, slower). Rebuild it with the README's install command (pip install -e .).",
             RuntimeWarning, stacklevel=2)
         return None
-    return _engine_c.Engine
+    return compiled[-1].Engine
 
 
 @lru_cache(maxsize=None)
