@@ -4,14 +4,16 @@
 # direct C calls. Every attribute that engine.py assigns must be declared here (the build
 # fails otherwise, and the install falls back to pure Python with a warning).
 cimport cython
+from .iteration_timing cimport IterationTiming, iterations_before
 
 cdef class Engine:
     cdef public long index, bs, total_blocks, watermark, max_seqs, budget
     cdef public long G, used, _used_G, peak_used, B, S_at, G_S, admit_counter
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
-    cdef public long _st_G0, tile, seg_k
-    cdef public double seg_s, c0, ct, cc, knee, ca, cps, cds, t, _g_fin_end, _g_ex, committed_tokens
+    cdef public long _st_G0
+    cdef public double t, _g_fin_end, _g_ex, committed_tokens
+    cdef public IterationTiming timing
     cdef public long H, hb, ev_blocks, pc_tokens, pc_hit_tokens, pc_re_tokens, pc_re_hit_tokens
     cdef public long pc_evictions
     cdef public bint pc
@@ -23,7 +25,6 @@ cdef class Engine:
     cdef public object table, scheduler, _sort_key, latency
     cdef public bint _skip_unfit
     cdef public dict running
-    cdef public list dec_a, dec_c, seg_tab
     cdef public list preempted_q, waiting_q, prefilling, fin_heap, phase_cnt
     cdef public list prompt_counts, decode_counts, sat_heap
 
@@ -82,8 +83,6 @@ cdef class Engine:
     cpdef _complete_prefill(self, long rid, double end)
     @cython.locals(s=double, toks=long, pairs=long, L=long, end=double, q=long)
     cpdef _prefill_iteration(self, list admitted)
-    @cython.locals(over=double, lin=double)
-    cpdef double _batch_s(self, long n, long pairs, long nseq)
     @cython.locals(ph=long, bs=long)
     cpdef _grow_blocks(self)
     @cython.locals(G=long, now=double, seq=long, rid=long, o=long)
@@ -91,7 +90,8 @@ cdef class Engine:
     @cython.locals(full=long, rem=long, d=long, bs=long, i=long)
     cpdef long _demand(self, long G, long k)
     @cython.locals(G=long, free=long, B=long, bs=long, span=double, cycles=long, r=long, g=long,
-                   cum=long, i=long, stop=double, t0=double, a=double, c=double, n=double, cdc=double)
+                   cum=long, i=long, stop=double, t0=double, a=double, c=double, n=double, cdc=double,
+                   tm=IterationTiming)
     cpdef _plan(self)
     @cython.locals(t0=double, a=double, c=double, k=long, n=long, G=long)
     cpdef _decode(self, double T)

@@ -9,9 +9,7 @@ decode-iteration counter ``G`` and stores, per running request, its generated to
 at counter ``g_base``; ``o(G) = o_base + G - g_base`` needs no per-iteration update. Aggregates
 make a stretch of k identical decode iterations O(1):
 - context sum ``S(G) = S_at + B (G - G_S)``, so k iterations last ``k a + c k (k-1) / 2`` with
-  ``a = dec_a[B] + dec_c[B] S(G)`` (``dec_a``: the decode iteration's terms that depend on
-  B only, ``dec_c``: the per-context-token cost at batch size B, both tabulated at init) and
-  ``c = dec_c[B] B``;
+  ``a = dec_a[B] + dec_c[B] S(G)`` and ``c = dec_c[B] B`` (``iteration_timing.py``);
 - a sequence needs a new block every ``block_size`` iterations at a fixed phase, so per-phase
   counts give the block demand of any stretch and the first iteration that runs out;
 - completions come from a heap keyed by the iteration in which each request ends;
@@ -30,6 +28,7 @@ from itertools import chain
 
 from .batching import get_policy
 from .config import EngineConfig
+from .iteration_timing import IterationTiming, iterations_before
 from .request import RequestTable, Status
 
 INF = math.inf
@@ -47,22 +46,8 @@ class Engine:
         self.table = table
         self.fast = fast
         self.check = check
-        # Iteration-time coefficients (latency.py); the CPU terms are zero when cpu_overhead is off.
-        self.c0 = lat.base_s + lat.cpu_base_s
-        self.ct, self.cc, self.knee = lat.token_s, lat.compute_token_s, lat.knee_tokens
-        self.tile = lat.tile_tokens
-        # The per-token linear-layer cost with token segments (LatencyModel.tokens_s), tabulated up
-        # to the last segment's start; past it the last price runs on. seg_k 0: token_s * n.
-        segs = lat.token_segments
-        self.seg_k = segs[-1][0] if segs else 0
-        self.seg_s = segs[-1][1] if segs else 0.0
-        self.seg_tab = lat.tokens_table(self.seg_k) if segs else []
-        self.ca, self.cps = lat.prefill_attn_s, lat.cpu_seq_s
+        self.timing = IterationTiming(lat, cfg.max_num_seqs)   # iteration durations
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
-        self.cds = lat.decode_seq_s
-        # Decode iteration of B sequences = dec_a[B] + dec_c[B] * S: the parts fixed by B, per B.
-        self.dec_a = lat.decode_const_table(cfg.max_num_seqs)
-        self.dec_c = lat.decode_ctx_table(cfg.max_num_seqs)
         self.bs = cfg.block_size
         self.total_blocks = cfg.total_blocks
         self.watermark = cfg.watermark_blocks
@@ -192,7 +177,7 @@ class Engine:
             t0, a, c = self._st_t0, self._st_a, self._st_c
             G0 = self._st_G0
             if T - self.t > 8.0 * a:
-                k = self._iterations_before(t0, a, c, T)
+                k = iterations_before(t0, a, c, T)
                 t = t0 + k * a + c * k * (k - 1) / 2
             else:   # a few iterations: step k up (same closed form, so same numbers)
                 k = self.G - G0 + 1
@@ -338,7 +323,7 @@ class Engine:
         """Duration of a decode iteration of the current running batch."""
         if not self.B:
             return 0.0
-        return self.dec_a[self.B] + self.dec_c[self.B] * (self.S_at + self.B * (self.G - self.G_S))
+        return self.timing.decode_s(self.B, self.S_at + self.B * (self.G - self.G_S))
 
     def earliest_completion_s(self) -> float:
         """Predicted time until the first running request completes (0 when none runs)."""
@@ -785,7 +770,7 @@ class Engine:
                 toks += L
                 pairs += L * (L + 1) // 2   # causal: a whole prompt, nothing cached
             self._start(r, s)
-        end = s + self._batch_s(toks, pairs, len(admitted))
+        end = s + self.timing.batch_s(toks, pairs, len(admitted))
         self.t = end
         self._plan_dirty = True   # the clock moved under any decode stretch
         self.n_iterations += 1
@@ -794,21 +779,6 @@ class Engine:
             self._complete_prefill(r, end)
         if self.check:
             self._check()
-
-    def _batch_s(self, n: int, pairs: int, nseq: int) -> float:
-        """Iteration time of a prefill or mixed batch without its decode-attention terms:
-        ``n`` batched tokens, ``pairs`` causal prefill pairs, ``nseq`` sequences (latency.py)."""
-        # LatencyModel.tiled, inlined: a method call per iteration costs more than the arithmetic
-        # (tests/test_engine_vs_reference.py holds the two equal with tiles on).
-        over = (n if self.tile == 1 else -(-n // self.tile) * self.tile) - self.knee
-        if self.seg_k == 0:
-            lin = self.ct * n
-        elif n <= self.seg_k:
-            lin = self.seg_tab[n]
-        else:   # LatencyModel.tokens_s past the last start: its cost there plus the last price
-            lin = self.seg_tab[self.seg_k] + self.seg_s * (n - self.seg_k)
-        return (self.c0 + lin + (self.cc * over if over > 0.0 else 0.0)
-                + self.ca * pairs + self.cps * nseq)
 
     def _grow_blocks(self) -> None:
         """Give each running request that needs a block at this iteration one, preempting the
@@ -887,9 +857,9 @@ class Engine:
         if not self.B and not toks:
             return False
         B = self.B
-        dur = self._batch_s(toks + B, pairs, nchunks + B)
-        if B:
-            dur += self.cds * B + self.dec_c[B] * (self.S_at + B * (self.G - self.G_S))
+        dur = self.timing.batch_s(toks + B, pairs, nchunks + B)
+        if B:   # the decode sequences' own terms (batch_s counted their tokens)
+            dur += self.timing.cds * B + self.timing.dec_c[B] * (self.S_at + B * (self.G - self.G_S))
         self.t = s + dur
         self.n_iterations += 1
         self._plan_dirty = True
@@ -945,8 +915,9 @@ class Engine:
             stop = min(stop, G + 1)
         self._st_G0 = G
         self._st_t0 = t0 = self.t
-        cdc = self.dec_c[B]
-        self._st_a = a = self.dec_a[B] + cdc * (self.S_at + B * (G - self.G_S))
+        tm = self.timing
+        cdc = tm.dec_c[B]
+        self._st_a = a = tm.dec_a[B] + cdc * (self.S_at + B * (G - self.G_S))
         self._st_c = c = cdc * B
         n = stop - G
         self._st_n = n
@@ -964,7 +935,7 @@ class Engine:
             self._grow_blocks()
             if self.B:
                 G = self.G
-                self.t += self.dec_a[self.B] + self.dec_c[self.B] * (self.S_at + self.B * (G - self.G_S))
+                self.t += self.timing.decode_s(self.B, self.S_at + self.B * (G - self.G_S))
                 self.G = G + 1
                 self._used_G = self.G
                 self.n_iterations += 1
@@ -975,7 +946,7 @@ class Engine:
             return
         t0, a, c = self._st_t0, self._st_a, self._st_c
         if T <= self._st_t_last:   # the stretch is cut by T: run what starts before T
-            k = self._iterations_before(t0, a, c, T)
+            k = iterations_before(t0, a, c, T)
             self.n_iterations += self._st_G0 + k - self.G
             self.G = self._st_G0 + k
             self.t = t0 + k * a + c * k * (k - 1) / 2
@@ -989,18 +960,6 @@ class Engine:
             self._end_decode()
         if self.check:
             self._check()
-
-    @staticmethod
-    def _iterations_before(t: float, a: float, c: float, T: float) -> int:
-        """Number of iterations j >= 0 with start t + j a + c j (j-1)/2 < T (at least 1)."""
-        D = T - t
-        b = a - c / 2
-        k = math.ceil(2 * D / (b + (b * b + 2 * c * D) ** 0.5))
-        while k > 1 and t + (k - 1) * a + c * (k - 1) * (k - 2) / 2 >= T:
-            k -= 1
-        while t + k * a + c * k * (k - 1) / 2 < T:
-            k += 1
-        return max(k, 1)
 
     # ------------------------------------------------------------- invariants
     def _check(self) -> None:
