@@ -61,11 +61,12 @@ def _kv_at_rest(env, ep: int) -> None:
     on a cached block, cached (evictable) blocks within the cache."""
     for e in env.unwrapped.cluster.engines:
         e._sync_used()
-        refs = sum(e.kv_ref.values()) if e.pc else 0
-        if e.used != 0 or refs != 0 or e.ev_blocks + e.used > e.total_blocks:
+        kv = e.kv
+        refs = sum(kv.kv_ref.values()) if kv.pc else 0
+        if kv.used != 0 or refs != 0 or kv.ev_blocks + kv.used > kv.total_blocks:
             raise AssertionError(f"episode {ep}, instance {e.index}: KV not at rest (used "
-                                 f"{e.used}, references {refs}, evictable {e.ev_blocks} of "
-                                 f"{e.total_blocks} blocks)")
+                                 f"{kv.used}, references {refs}, evictable {kv.ev_blocks} of "
+                                 f"{kv.total_blocks} blocks)")
 
 
 def soak(steps: int, seed: int = 0, max_episode_steps: int | None = None, **env_options) -> dict:

@@ -90,7 +90,7 @@ def test_prefix_caching_engine_matches_reference(seed, scheduler, chunked, block
             assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (name, i, got, want)
         assert table.preemptions[i] == r.preemptions, i
     assert cluster.done
-    e = cluster.engines[0]
+    e = cluster.engines[0].kv
     assert (e.pc_tokens, e.pc_hit_tokens, e.pc_re_tokens, e.pc_re_hit_tokens) == stats.prefix_tokens
     # Everything finished: no references left, every cached block evictable.
     assert e.used == 0 and all(c == 0 for c in e.kv_ref.values())
@@ -119,7 +119,7 @@ def test_golden_hit_worked_by_hand(chunked):
     batch = RequestBatch.from_arrays([0.0, 1.0, 2.0], [9, 10, 8], [1, 1, 1])
     cluster = simulate(batch, ClusterConfig(num_instances=1, engine=cfg), table=table, check=True)
     assert table.first_token_s == pytest.approx([0.01945, 1.01219, 2.01426], rel=1e-12)
-    e = cluster.engines[0]
+    e = cluster.engines[0].kv
     assert (e.pc_tokens, e.pc_hit_tokens) == (27, 12)
     assert set(e.evictable) == {1, 2} and e.used == 0
     # Caching off: the same three prefills in full.
@@ -142,7 +142,7 @@ def test_lru_eviction_keeps_the_shared_head():
                          prefix_hashes=[(1, 2, 3, 4), (7, 8, 9, 10, 11)], hash_block_tokens=4)
     batch = RequestBatch.from_arrays([0.0, 1.0], [13, 17], [1, 1])
     cluster = simulate(batch, ClusterConfig(num_instances=1, engine=cfg), table=table, check=True)
-    e = cluster.engines[0]
+    e = cluster.engines[0].kv
     assert e.pc_evictions == 2
     assert list(e.evictable) == [1, 10, 9, 8, 7]   # LRU first: A's head, then B's chain tail first
 
@@ -175,11 +175,11 @@ def test_caching_off_ignores_hashes_bit_for_bit():
         cfg = ClusterConfig(num_instances=3, engine=EngineConfig(enable_prefix_caching=pc))
         c = run_router(b, cfg, make_router("least_requests"), np.random.default_rng(0), check=True)
         runs.append(_timestamps(c.table))
-        assert all(e.pc_hit_tokens == 0 for e in c.engines)
+        assert all(e.kv.pc_hit_tokens == 0 for e in c.engines)
     assert runs[0] == runs[1] == runs[2]
     on = run_router(batch, ClusterConfig(num_instances=3, engine=EngineConfig(enable_prefix_caching=True)),
                     make_router("least_requests"), np.random.default_rng(0), check=True)
-    assert sum(e.pc_hit_tokens for e in on.engines) > 0
+    assert sum(e.kv.pc_hit_tokens for e in on.engines) > 0
     assert np.mean(on.table.first_token_s) < np.mean(runs[0][1])
 
 

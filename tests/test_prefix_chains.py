@@ -40,7 +40,7 @@ def _physical_blocks(e) -> int:
     shares, plus one copy of every cached unit that some live request references. Asserts that
     a request's referenced ids are its chain's head and distinct (two positions of one prompt
     are two different blocks of memory)."""
-    tb, bs, hb = e.table, e.bs, e.hb
+    tb, bs, hb = e.table, e.kv.bs, e.kv.hb
     own = 0
     units: set = set()
     for r in list(e.running) + list(e.prefilling):
@@ -54,16 +54,17 @@ def _physical_blocks(e) -> int:
             own += -(-(tb.prompt[r] + tb.o_base[r]) // bs)
         own -= hb * n
         units.update(ids)
-    assert not units & set(e.evictable), "an evictable block is referenced"
+    assert not units & set(e.kv.evictable), "an evictable block is referenced"
     return own + hb * len(units)
 
 
 def _check_accounting(cluster) -> None:
     for e in cluster.engines:
         free = e.free_blocks   # brings the lazily counted decode growth up to date
-        assert e.used == _physical_blocks(e), (e.used, _physical_blocks(e))
-        assert e.ev_blocks == e.hb * len(e.evictable)
-        assert 0 <= free and e.used + e.ev_blocks <= e.total_blocks
+        kv = e.kv
+        assert kv.used == _physical_blocks(e), (kv.used, _physical_blocks(e))
+        assert kv.ev_blocks == kv.hb * len(kv.evictable)
+        assert 0 <= free and kv.used + kv.ev_blocks <= kv.total_blocks
 
 
 def _drive(table, cfg, instances, fast=True, dt=0.05):
@@ -117,7 +118,7 @@ def test_random_chains_keep_kv_accounting_exact(w, blocks, max_seqs, chunked, fa
     cluster = _drive(table, cfg, instances, fast)
     assert all(s in (Status.FINISHED, Status.REJECTED) for s in table.status)
     for e in cluster.engines:
-        assert e.used == 0 and all(c == 0 for c in e.kv_ref.values())
+        assert e.kv.used == 0 and all(c == 0 for c in e.kv.kv_ref.values())
     if instances == 1:   # one instance: the reference simulator times every request the same
         ok = [i for i in range(len(arr)) if table.status[i] == Status.FINISHED]
         reqs = [RefRequest(i, float(arr[i]), p[i], d[i], float(d[i]), chains[i]) for i in ok]

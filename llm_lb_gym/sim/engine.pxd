@@ -5,20 +5,17 @@
 # fails otherwise, and the install falls back to pure Python with a warning).
 cimport cython
 from .iteration_timing cimport IterationTiming, iterations_before
+from .kv_cache cimport KVCache
 
 cdef class Engine:
-    cdef public long index, bs, total_blocks, watermark, max_seqs, budget
-    cdef public long G, used, _used_G, peak_used, B, S_at, G_S, admit_counter
+    cdef public long index, max_seqs, budget
+    cdef public long G, _used_G, B, S_at, G_S, admit_counter
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
     cdef public long _st_G0
     cdef public double t, _g_fin_end, _g_ex, committed_tokens
     cdef public IterationTiming timing
-    cdef public long H, hb, ev_blocks, pc_tokens, pc_hit_tokens, pc_re_tokens, pc_re_hit_tokens
-    cdef public long pc_evictions
-    cdef public bint pc
-    cdef public dict kv_ref
-    cdef public object evictable   # an OrderedDict: typed as dict, Cython would bypass its order
+    cdef public KVCache kv
     cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight, met_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
@@ -61,35 +58,25 @@ cdef class Engine:
     cpdef _finish(self, long rid, long o, double now)
     @cython.locals(o=long)
     cpdef _preempt(self, long rid)
-    @cython.locals(bs=long, free=long, nseq=long, tokens=long, taken=long, skip=bint, L=long,
-                   need=long)
+    @cython.locals(kv=KVCache, bs=long, free=long, nseq=long, tokens=long, taken=long, skip=bint,
+                   L=long, need=long)
     cpdef list _select(self, object budget=*)
-    @cython.locals(n_max=long, n=long)
-    cpdef long _hit_units(self, long rid, long L)
     cpdef long cached_prefix_tokens(self, long rid)
-    @cython.locals(bs=long, hb=long, H=long, nseq=long, tokens=long, skip=bint, L=long, n=long,
-                   reuse=long, need=long, c=long, i=long)
+    @cython.locals(kv=KVCache, bs=long, hb=long, H=long, nseq=long, tokens=long, skip=bint, L=long,
+                   n=long, reuse=long, need=long, c=long)
     cpdef list _select_cached(self, object budget)
-    @cython.locals(hb=long, i=long, c=long, q=long)
-    cpdef _take(self, long rid, long n, long need, long L)
-    @cython.locals(hb=long, n0=long, n_full=long, i=long, c=long)
-    cpdef _register(self, long rid)
-    @cython.locals(n=long, hb=long, i=long, c=long)
-    cpdef _release(self, long rid)
-    @cython.locals(hb=long)
-    cpdef _evict(self)
     cpdef _start(self, long rid, double s)
     @cython.locals(o=long)
     cpdef _complete_prefill(self, long rid, double end)
     @cython.locals(s=double, toks=long, pairs=long, L=long, end=double, q=long)
     cpdef _prefill_iteration(self, list admitted)
-    @cython.locals(ph=long, bs=long)
+    @cython.locals(kv=KVCache, ph=long, bs=long)
     cpdef _grow_blocks(self)
     @cython.locals(G=long, now=double, seq=long, rid=long, o=long)
     cpdef _end_decode(self)
     @cython.locals(full=long, rem=long, d=long, bs=long, i=long)
     cpdef long _demand(self, long G, long k)
-    @cython.locals(G=long, free=long, B=long, bs=long, span=double, cycles=long, r=long, g=long,
+    @cython.locals(kv=KVCache, G=long, free=long, B=long, bs=long, span=double, cycles=long, r=long, g=long,
                    cum=long, i=long, stop=double, t0=double, a=double, c=double, n=double, cdc=double,
                    tm=IterationTiming)
     cpdef _plan(self)

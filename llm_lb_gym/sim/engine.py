@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict
 from itertools import chain
 
 from .batching import get_policy
 from .config import EngineConfig
 from .iteration_timing import IterationTiming, iterations_before
+from .kv_cache import KVCache
 from .request import RequestTable, Status
 
 INF = math.inf
@@ -48,9 +48,7 @@ class Engine:
         self.check = check
         self.timing = IterationTiming(lat, cfg.max_num_seqs)   # iteration durations
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
-        self.bs = cfg.block_size
-        self.total_blocks = cfg.total_blocks
-        self.watermark = cfg.watermark_blocks
+        self.kv = KVCache(index, cfg, table)   # KV blocks and the prefix cache
         self.max_seqs = cfg.max_num_seqs
         self.budget = cfg.token_budget
         self.chunked = cfg.chunked_prefill
@@ -61,9 +59,7 @@ class Engine:
         # Clock and KV state.
         self.t = 0.0            # the next iteration starts no earlier than this (end of the last)
         self.G = 0              # decode iterations run so far (lockstep counter)
-        self.used = 0           # KV blocks held at decode iteration ``_used_G`` (synced lazily)
-        self._used_G = 0
-        self.peak_used = 0      # most KV blocks held at once (after each allocation)
+        self._used_G = 0        # kv.used counts the running set's blocks as of this iteration
         # Queues (request ids). Preempted requests go first, in preemption order.
         self.preempted_q: list[int] = []
         self.waiting_q: list[int] = []
@@ -73,7 +69,7 @@ class Engine:
         self.S_at = 0
         self.G_S = 0
         self.fin_heap: list[tuple[int, int, int]] = []   # (iteration it completes in, admit seq, rid)
-        self.phase_cnt = [0] * self.bs
+        self.phase_cnt = [0] * self.kv.bs
         self.admit_counter = 0
         self._blocked = False    # waiting requests known not to be admissible until an event
         self._plan_dirty = True
@@ -105,27 +101,6 @@ class Engine:
         self._pen_version = -1
         self._pen_value = 0.0
         self.n_sat_running = 0
-        # Automatic prefix caching (docs/prefix_caching.md): cached hash blocks of
-        # ``hb`` engine blocks each, by hash id -> reference count; those at 0 are evictable and
-        # sit in ``evictable`` in LRU order (first = least recently used).
-        self.pc = cfg.enable_prefix_caching
-        self.H = self.hb = 0
-        if self.pc and table.hash_block_tokens:
-            if table.hash_block_tokens % self.bs:
-                raise ValueError(
-                    f"hash_block_tokens={table.hash_block_tokens} of the workload must be a "
-                    f"multiple of engine.block_size={self.bs} with enable_prefix_caching")
-            self.H = table.hash_block_tokens
-            self.hb = self.H // self.bs
-        self.kv_ref: dict = {}
-        # OrderedDict, not dict: popping the oldest of a dict that had many deletions at its
-        # front scans the holes (quadratic over an episode).
-        self.evictable = OrderedDict()
-        self.ev_blocks = 0          # engine blocks of the evictable (cached, unreferenced) units
-        self.pc_tokens = self.pc_hit_tokens = 0       # first admissions: prompt / cached tokens
-        self.pc_re_tokens = self.pc_re_hit_tokens = 0  # readmissions after preemption
-        self.pc_evictions = 0
-
     # ------------------------------------------------------------------ public API
     @property
     def num_waiting(self) -> int:
@@ -138,18 +113,44 @@ class Engine:
     @property
     def free_blocks(self) -> int:
         self._sync_used()
-        return self.total_blocks - self.used
+        return self.kv.total_blocks - self.kv.used
+
+    # The KV cache's figures under the names routers and metrics have always read (kv_cache.py).
+    @property
+    def used(self) -> int:
+        """KV blocks held as of decode iteration ``_used_G`` (``free_blocks`` syncs first)."""
+        return self.kv.used
+
+    @used.setter
+    def used(self, value: int) -> None:   # tests make an instance look busy
+        self.kv.used = value
+
+    @property
+    def peak_used(self) -> int:
+        return self.kv.peak_used
+
+    @property
+    def total_blocks(self) -> int:
+        return self.kv.total_blocks
+
+    @property
+    def watermark(self) -> int:
+        return self.kv.watermark
+
+    @property
+    def bs(self) -> int:
+        return self.kv.bs
+
+    @property
+    def pc(self) -> bool:
+        return self.kv.pc
 
     def _sync_used(self) -> None:
-        """Bring ``used`` to the current G: the running set is unchanged since ``_used_G``
+        """Bring ``kv.used`` to the current G: the running set is unchanged since ``_used_G``
         (every membership change syncs first), so the per-phase counts give the demand."""
         if self._used_G != self.G:
-            self.used += self._demand(self._used_G, self.G - self._used_G)
+            self.kv.grow(self._demand(self._used_G, self.G - self._used_G))
             self._used_G = self.G
-            if self.used > self.peak_used:
-                self.peak_used = self.used
-            if self.ev_blocks and self.used + self.ev_blocks > self.total_blocks:
-                self._evict()
 
     def idle(self) -> bool:
         return not (self.B or self.prefilling or self.preempted_q or self.waiting_q)
@@ -385,7 +386,7 @@ class Engine:
         self.B += 1
         p = tb.prompt[rid]
         self.S_at += p + o
-        self.phase_cnt[(G + 1 - p - o) % self.bs] += 1
+        self.phase_cnt[(G + 1 - p - o) % self.kv.bs] += 1
         heapq.heappush(self.fin_heap, (G + tb.decode[rid] - 1 - o, seq, rid))
         self.decode_counts[tb.decode_bucket[rid]] += 1
         pred = tb.pred[rid]
@@ -415,7 +416,7 @@ class Engine:
         del self.running[rid]
         self.B -= 1
         self.S_at -= p + o
-        self.phase_cnt[(tb.g_base[rid] + 1 - p - tb.o_base[rid]) % self.bs] -= 1
+        self.phase_cnt[(tb.g_base[rid] + 1 - p - tb.o_base[rid]) % self.kv.bs] -= 1
         self.decode_counts[tb.decode_bucket[rid]] -= 1
         if tb.saturated[rid]:
             self.n_sat_running -= 1
@@ -452,10 +453,7 @@ class Engine:
     def _finish(self, rid: int, o: int, now: float) -> None:
         tb = self.table
         assert o == tb.decode[rid], "finished with a wrong token count"
-        self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
-        if self.pc:
-            self._release(rid)
-        assert self.used >= 0, "negative KV blocks"
+        self.kv.drop(rid, o)
         tb.status[rid] = _FINISHED
         tb.finish_s[rid] = now
         tb.o_base[rid] = o
@@ -491,10 +489,7 @@ class Engine:
             o = tb.o_base[rid]
         elif st == _RUNNING:
             o = self._leave_running(rid)
-            self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
-            if self.pc:
-                self._release(rid)
-            assert self.used >= 0, "negative KV blocks"
+            self.kv.drop(rid, o)
         else:
             return False
         tb.status[rid] = _FINISHED
@@ -513,10 +508,7 @@ class Engine:
         """Recompute preemption: free the blocks, keep the tokens, requeue at the front."""
         tb = self.table
         o = self._leave_running(rid)
-        self.used -= -(-(tb.prompt[rid] + o - 1) // self.bs)
-        if self.pc:
-            self._release(rid)
-        assert self.used >= 0, "negative KV blocks"
+        self.kv.drop(rid, o)
         tb.o_base[rid] = o
         tb.status[rid] = _WAITING
         tb.preemptions[rid] += 1
@@ -540,11 +532,12 @@ class Engine:
         Without ``budget`` (no chunking) each request needs its whole ``p + o`` tokens within
         the token budget; with it (chunked prefill) admissions stop when the budget is spent.
         """
-        if self.pc:
+        kv = self.kv
+        if kv.pc:
             return self._select_cached(budget)
-        tb, bs = self.table, self.bs
+        tb, bs = self.table, kv.bs
         self._sync_used()
-        free = self.total_blocks - self.used
+        free = kv.total_blocks - kv.used
         nseq = self.B + len(self.prefilling)
         tokens = taken = 0
         skip = self._skip_unfit
@@ -554,7 +547,7 @@ class Engine:
                 break
             L = tb.prompt[r] + tb.o_base[r]
             need = -(-L // bs)
-            if (budget is not None or tokens + L <= self.budget) and free - need >= self.watermark:
+            if (budget is not None or tokens + L <= self.budget) and free - need >= kv.watermark:
                 out.append(r)
                 nseq += 1
                 tokens += L
@@ -565,67 +558,46 @@ class Engine:
             elif not skip:
                 break
         if out:
-            self.used += taken
-            if self.used > self.peak_used:
-                self.peak_used = self.used
+            kv.allocate(taken)
             self._remove_waiting(out)
         return out
 
     # --------------------------------------------------------- prefix caching
-    def _hit_units(self, rid: int, L: int) -> int:
-        """Leading hash blocks of ``rid``'s prompt cached here, for a prefill of ``L`` tokens:
-        full blocks only, and at most ``(L - 1) // H`` so that one token is computed (vLLM)."""
-        tb = self.table
-        hs = tb.hashes[rid]
-        if hs is None or not self.H:
-            return 0
-        n_max = min(len(hs), tb.prompt[rid] // self.H, (L - 1) // self.H)
-        ref = self.kv_ref
-        n = 0
-        while n < n_max and hs[n] in ref:
-            n += 1
-        return n
-
     def cached_prefix_tokens(self, rid: int) -> int:
         """Prompt tokens of request ``rid`` that this instance would reuse if it admitted it
         now (0 without prefix caching): what a router with engine introspection reads."""
-        if not self.pc or self.table.hashes[rid] is None:
+        if not self.kv.pc or self.table.hashes[rid] is None:
             return 0
         self._sync_used()   # evictions due to decode growth happen lazily
         tb = self.table
-        return self._hit_units(rid, tb.prompt[rid] + tb.o_base[rid]) * self.H
+        return self.kv.hit_units(rid, tb.prompt[rid] + tb.o_base[rid]) * self.kv.H
 
     def _select_cached(self, budget) -> list[int]:
         """``_select`` with prefix caching: a request needs blocks only for its uncached part,
         plus the cached blocks that are evictable now (they leave the free pool), and its
         tokens are the uncached suffix. Admissions are applied one by one, so a request's
         fresh blocks may evict cached ones that the next request in the walk would have hit."""
-        tb, bs, hb, H = self.table, self.bs, self.hb, self.H
+        kv = self.kv
+        tb, bs, hb, H = self.table, kv.bs, kv.hb, kv.H
         self._sync_used()
         nseq = self.B + len(self.prefilling)
         tokens = 0
         skip = self._skip_unfit
-        ref = self.kv_ref
         out: list[int] = []
         for r in self._order():
             if nseq >= self.max_seqs or (budget is not None and budget <= 0):
                 break
             L = tb.prompt[r] + tb.o_base[r]
-            n = self._hit_units(r, L)
-            reuse = 0
-            if n:
-                hs = tb.hashes[r]
-                for i in range(n):
-                    if not ref[hs[i]]:
-                        reuse += 1
+            n = kv.hit_units(r, L)
+            reuse = kv.evictable_hits(r, n) if n else 0
             need = -(-L // bs) - hb * n
             c = L - n * H
             if ((budget is not None or tokens + c <= self.budget)
-                    and self.total_blocks - self.used - need - hb * reuse >= self.watermark):
+                    and kv.total_blocks - kv.used - need - hb * reuse >= kv.watermark):
                 out.append(r)
                 nseq += 1
                 tokens += c
-                self._take(r, n, need, L)
+                self.pending_prefill_tokens -= kv.take(r, n, need, L)   # the cached part
                 if budget is not None:
                     budget -= c
             elif not skip:
@@ -633,92 +605,6 @@ class Engine:
         if out:
             self._remove_waiting(out)
         return out
-
-    def _take(self, rid: int, n: int, need: int, L: int) -> None:
-        """Admit ``rid`` with ``n`` cached hash blocks: reference them, allocate ``need`` fresh
-        blocks (evicting least recently used cached blocks when no empty block is left)."""
-        tb, hb, ref, ev = self.table, self.hb, self.kv_ref, self.evictable
-        hs = tb.hashes[rid]
-        for i in range(n):
-            h = hs[i]
-            c = ref[h]
-            if not c:
-                del ev[h]
-                self.ev_blocks -= hb
-                self.used += hb
-            ref[h] = c + 1
-        tb.kv_refs[rid] = n
-        q = n * self.H
-        tb.cached_tokens[rid] = q
-        self.pending_prefill_tokens -= q
-        if tb.preemptions[rid]:
-            self.pc_re_tokens += L
-            self.pc_re_hit_tokens += q
-        else:
-            self.pc_tokens += L
-            self.pc_hit_tokens += q
-        self.used += need
-        if self.used + self.ev_blocks > self.total_blocks:
-            self._evict()
-        if self.used > self.peak_used:
-            self.peak_used = self.used
-        assert self.used <= self.total_blocks, "KV blocks over capacity"
-
-    def _register(self, rid: int) -> None:
-        """The prefill of ``rid`` is computed: its full prompt hash blocks become cached. A
-        block whose hash is cached already (a concurrent request computed the same prefix)
-        is merged into it: the request references the cached one and frees its own copy."""
-        tb = self.table
-        hs = tb.hashes[rid]
-        if hs is None or not self.H:
-            return
-        hb, ref, ev = self.hb, self.kv_ref, self.evictable
-        n0 = tb.kv_refs[rid]
-        n_full = min(len(hs), tb.prompt[rid] // self.H)
-        for i in range(n0, n_full):
-            h = hs[i]
-            c = ref.get(h, -1)
-            if c < 0:     # new: the request's own blocks become the cached copy
-                ref[h] = 1
-            elif c == 0:  # evictable copy: take it back, drop ours (used unchanged)
-                del ev[h]
-                self.ev_blocks -= hb
-                ref[h] = 1
-            else:
-                ref[h] = c + 1
-                self.used -= hb
-        if n_full > n0:
-            tb.kv_refs[rid] = n_full
-
-    def _release(self, rid: int) -> None:
-        """Drop ``rid``'s references; unreferenced blocks stay cached and become evictable,
-        the chain's tail first so that LRU eviction keeps the shared head longest (vLLM)."""
-        tb = self.table
-        n = tb.kv_refs[rid]
-        if not n:
-            return
-        hs, hb, ref, ev = tb.hashes[rid], self.hb, self.kv_ref, self.evictable
-        self.used += hb * n   # the caller freed all its blocks; the shared ones are counted here
-        for i in range(n - 1, -1, -1):
-            h = hs[i]
-            c = ref[h] - 1
-            assert c >= 0, "negative prefix block reference count"
-            ref[h] = c
-            if not c:
-                ev[h] = None
-                self.ev_blocks += hb
-                self.used -= hb
-        tb.kv_refs[rid] = 0
-
-    def _evict(self) -> None:
-        """No empty block left: drop least recently used evictable cached blocks until the
-        blocks in use and the evictable ones fit the cache again."""
-        ev, ref, hb = self.evictable, self.kv_ref, self.hb
-        while self.used + self.ev_blocks > self.total_blocks:
-            h = ev.popitem(last=False)[0]
-            del ref[h]
-            self.ev_blocks -= hb
-            self.pc_evictions += 1
 
     def _remove_waiting(self, out: list[int]) -> None:
         if self._sort_key is None and not self._skip_unfit:   # admitted = a prefix of the order
@@ -743,8 +629,8 @@ class Engine:
         """The prefill of ``rid`` finished at ``end``: it emits one token."""
         tb = self.table
         self._leave_prompt_phase(rid)
-        if self.pc:
-            self._register(rid)
+        if self.kv.pc:
+            self.kv.register(rid)
             if not self.chunked:   # the cached part was settled at admission
                 self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid] - tb.cached_tokens[rid]
         elif not self.chunked:   # chunked iterations settle it chunk by chunk
@@ -762,7 +648,7 @@ class Engine:
         toks = pairs = 0
         for r in admitted:
             L = tb.prompt[r] + tb.o_base[r]
-            if self.pc:   # only the uncached suffix is computed; its attention spans the prefix
+            if self.kv.pc:   # only the uncached suffix is computed; its attention spans the prefix
                 q = tb.cached_tokens[r]
                 toks += L - q
                 pairs += (L - q) * q + (L - q) * (L - q + 1) // 2   # causal pairs after q cached
@@ -784,25 +670,22 @@ class Engine:
         """Give each running request that needs a block at this iteration one, preempting the
         most recently admitted running request while none is free."""
         self._sync_used()
-        ph = self.G % self.bs
+        kv = self.kv
+        ph = self.G % kv.bs
         if not self.phase_cnt[ph]:
             return
-        tb, bs = self.table, self.bs
+        tb, bs = self.table, kv.bs
         for r in list(self.running):
             if r not in self.running or (tb.g_base[r] + 1 - tb.prompt[r] - tb.o_base[r]) % bs != ph:
                 continue
-            while self.used >= self.total_blocks:
+            while kv.used >= kv.total_blocks:
                 victim = next(reversed(self.running))
                 self._preempt(victim)
                 if victim == r:
                     break
             if r in self.running:
-                self.used += 1
-                if self.ev_blocks and self.used + self.ev_blocks > self.total_blocks:
-                    self._evict()
-        assert self.used <= self.total_blocks, "KV blocks over capacity"
-        if self.used > self.peak_used:
-            self.peak_used = self.used
+                kv.add_block()
+        kv.note_peak()
 
     def _end_decode(self) -> None:
         """Finish the requests whose last token came from the iterations just run."""
@@ -844,7 +727,7 @@ class Engine:
         for r in new:
             self._start(r, s)
             L = tb.prompt[r] + tb.o_base[r]
-            q = tb.cached_tokens[r] if self.pc else 0   # cached prefix: computed already
+            q = tb.cached_tokens[r] if self.kv.pc else 0   # cached prefix: computed already
             c = min(L - q, budget)
             toks += c
             pairs += c * q + c * (c + 1) // 2   # causal pairs of a chunk after q cached
@@ -880,9 +763,9 @@ class Engine:
     # --------------------------------------------------------------- decoding
     def _demand(self, G: int, k: int) -> int:
         """New blocks the running set needs in iterations G .. G+k-1."""
-        full, rem = divmod(k, self.bs)
+        full, rem = divmod(k, self.kv.bs)
         d = full * self.B
-        cnt, bs = self.phase_cnt, self.bs
+        cnt, bs = self.phase_cnt, self.kv.bs
         for i in range(rem):
             d += cnt[(G + i) % bs]
         return d
@@ -897,7 +780,8 @@ class Engine:
         G = self.G
         self._g_fin_end = h[0][0] + 1 if h else INF
         self._sync_used()
-        free, B, bs = self.total_blocks - self.used, self.B, self.bs
+        kv = self.kv
+        free, B, bs = kv.total_blocks - kv.used, self.B, kv.bs
         span = self._g_fin_end - G
         if B * -(-span // bs) <= free:
             self._g_ex = INF
@@ -965,7 +849,8 @@ class Engine:
     def _check(self) -> None:
         """Recompute the aggregates from scratch and compare (tests only)."""
         self._sync_used()
-        tb, bs, G = self.table, self.bs, self.G
+        kv = self.kv
+        tb, bs, G = self.table, kv.bs, self.G
         held = 0
         S = 0
         for r in self.running:
@@ -975,38 +860,14 @@ class Engine:
             S += tb.prompt[r] + o
         for r in self.prefilling:
             held += -(-(tb.prompt[r] + tb.o_base[r]) // bs)
-        if self.pc:
-            held += self._check_prefix_cache()
-        assert held == self.used, f"instance {self.index}: blocks {self.used} != {held}"
-        assert 0 <= self.used <= self.total_blocks
+        if kv.pc:   # minus the blocks that sharing saves
+            held += kv.check(chain(self.running, self.prefilling),
+                             chain(self.preempted_q, self.waiting_q))
+        assert held == kv.used, f"instance {self.index}: blocks {kv.used} != {held}"
+        assert 0 <= kv.used <= kv.total_blocks
         assert S == self.S_at + self.B * (G - self.G_S)
         assert self.B == len(self.running) <= self.max_seqs
         assert self.B + len(self.prefilling) <= self.max_seqs
-
-    def _check_prefix_cache(self) -> int:
-        """Reference counts recomputed from the requests; returns the blocks that sharing
-        saves relative to every request holding its own copy (negative)."""
-        tb, hb = self.table, self.hb
-        counts: dict = {}
-        refs = 0
-        for r in chain(self.running, self.prefilling):
-            n = tb.kv_refs[r]
-            refs += n
-            held = tb.hashes[r][:n] if n else ()
-            # Distinct ids: a repeat would count two blocks of prompt in one cached copy.
-            assert len(set(held)) == n, f"instance {self.index}: request {r} references a hash twice"
-            for h in held:
-                counts[h] = counts.get(h, 0) + 1
-        for r in chain(self.preempted_q, self.waiting_q):
-            assert tb.kv_refs[r] == 0, f"waiting request {r} holds cached blocks"
-        for h, c in self.kv_ref.items():
-            assert c >= 0, "negative prefix block reference count"
-            assert c == counts.get(h, 0), f"instance {self.index}: hash {h} refcount {c}"
-            assert (c == 0) == (h in self.evictable)
-        assert len(counts) == sum(1 for c in self.kv_ref.values() if c)
-        assert self.ev_blocks == hb * len(self.evictable)
-        assert self.used + self.ev_blocks <= self.total_blocks, "used + evictable > total"
-        return hb * (len(counts) - refs)
 
 
 def grid_penalties(engines: list, k0: int, dt: float, k1: int, w: float = 1.0,

@@ -72,7 +72,8 @@ def prefix_cache_metrics(engines) -> dict[str, float]:
     out: dict[str, float] = {}
     tot = [0, 0, 0, 0, 0]
     for e in engines:
-        c = (e.pc_tokens, e.pc_hit_tokens, e.pc_re_tokens, e.pc_re_hit_tokens, e.pc_evictions)
+        kv = e.kv
+        c = (kv.pc_tokens, kv.pc_hit_tokens, kv.pc_re_tokens, kv.pc_re_hit_tokens, kv.pc_evictions)
         tot = [a + b for a, b in zip(tot, c)]
         out[f"prefix_hit_rate_i{e.index}"] = c[1] / c[0] if c[0] else 0.0
         out[f"prefix_saved_tokens_i{e.index}"] = c[1] + c[3]
