@@ -6,9 +6,10 @@
 cimport cython
 from .iteration_timing cimport IterationTiming, iterations_before
 from .kv_cache cimport KVCache
+from .scheduler cimport Scheduler
 
 cdef class Engine:
-    cdef public long index, max_seqs, budget
+    cdef public long index
     cdef public long G, _used_G, B, S_at, G_S, admit_counter
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
@@ -16,13 +17,13 @@ cdef class Engine:
     cdef public double t, _g_fin_end, _g_ex, committed_tokens
     cdef public IterationTiming timing
     cdef public KVCache kv
+    cdef public Scheduler sched
     cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight, met_weight
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
-    cdef public object table, scheduler, _sort_key, latency
-    cdef public bint _skip_unfit
+    cdef public object table, latency
     cdef public dict running
-    cdef public list preempted_q, waiting_q, prefilling, fin_heap, phase_cnt
+    cdef public list prefilling, fin_heap, phase_cnt
     cdef public list prompt_counts, decode_counts, sat_heap
 
     cpdef _sync_used(self)
@@ -58,13 +59,8 @@ cdef class Engine:
     cpdef _finish(self, long rid, long o, double now)
     @cython.locals(o=long)
     cpdef _preempt(self, long rid)
-    @cython.locals(kv=KVCache, bs=long, free=long, nseq=long, tokens=long, taken=long, skip=bint,
-                   L=long, need=long)
     cpdef list _select(self, object budget=*)
     cpdef long cached_prefix_tokens(self, long rid)
-    @cython.locals(kv=KVCache, bs=long, hb=long, H=long, nseq=long, tokens=long, skip=bint, L=long,
-                   n=long, reuse=long, need=long, c=long)
-    cpdef list _select_cached(self, object budget)
     cpdef _start(self, long rid, double s)
     @cython.locals(o=long)
     cpdef _complete_prefill(self, long rid, double end)

@@ -25,10 +25,10 @@ import heapq
 import math
 from itertools import chain
 
-from .batching import get_policy
 from .config import EngineConfig
 from .iteration_timing import IterationTiming, iterations_before
 from .kv_cache import KVCache
+from .scheduler import Scheduler
 from .request import RequestTable, Status
 
 INF = math.inf
@@ -49,20 +49,13 @@ class Engine:
         self.timing = IterationTiming(lat, cfg.max_num_seqs)   # iteration durations
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.kv = KVCache(index, cfg, table)   # KV blocks and the prefix cache
-        self.max_seqs = cfg.max_num_seqs
-        self.budget = cfg.token_budget
         self.chunked = cfg.chunked_prefill
-        self.scheduler = cfg.scheduler
-        policy = get_policy(cfg.scheduler)
-        self._sort_key = policy.key     # None: queue order (the waiting list is already sorted)
-        self._skip_unfit = policy.skip_unfit
+        self.sched = Scheduler(cfg, table, self.kv)   # the waiting queue and admission
         # Clock and KV state.
         self.t = 0.0            # the next iteration starts no earlier than this (end of the last)
         self.G = 0              # decode iterations run so far (lockstep counter)
         self._used_G = 0        # kv.used counts the running set's blocks as of this iteration
-        # Queues (request ids). Preempted requests go first, in preemption order.
-        self.preempted_q: list[int] = []
-        self.waiting_q: list[int] = []
+        # Admitted requests (ids; the waiting ones are in ``sched``).
         self.prefilling: list[int] = []
         self.running: dict[int, None] = {}   # insertion order = admission order
         self.B = 0
@@ -104,7 +97,7 @@ class Engine:
     # ------------------------------------------------------------------ public API
     @property
     def num_waiting(self) -> int:
-        return len(self.preempted_q) + len(self.waiting_q)
+        return len(self.sched.preempted_q) + len(self.sched.waiting_q)
 
     @property
     def num_requests(self) -> int:
@@ -145,6 +138,28 @@ class Engine:
     def pc(self) -> bool:
         return self.kv.pc
 
+    # The scheduler's (scheduler.py), likewise.
+    @property
+    def preempted_q(self) -> list:
+        return self.sched.preempted_q
+
+    @property
+    def waiting_q(self) -> list:
+        return self.sched.waiting_q
+
+    @property
+    def max_seqs(self) -> int:
+        return self.sched.max_seqs
+
+    @property
+    def budget(self) -> int:
+        """Tokens per iteration (``EngineConfig.token_budget``)."""
+        return self.sched.budget
+
+    @property
+    def scheduler(self) -> str:
+        return self.sched.name
+
     def _sync_used(self) -> None:
         """Bring ``kv.used`` to the current G: the running set is unchanged since ``_used_G``
         (every membership change syncs first), so the per-phase counts give the demand."""
@@ -153,7 +168,7 @@ class Engine:
             self._used_G = self.G
 
     def idle(self) -> bool:
-        return not (self.B or self.prefilling or self.preempted_q or self.waiting_q)
+        return not (self.B or self.prefilling or self.sched.preempted_q or self.sched.waiting_q)
 
     def add(self, rid: int, now: float) -> None:
         """Route request ``rid`` here at time ``now`` (after ``advance_to(now)``)."""
@@ -163,7 +178,7 @@ class Engine:
         tb.status[rid] = _WAITING
         tb.instance[rid] = self.index
         tb.routed_s[rid] = now
-        self.waiting_q.append(rid)
+        self.sched.waiting_q.append(rid)
         self.committed_tokens += tb.prompt[rid] + tb.pred[rid]
         self._enter_prompt_phase(rid)
         self._blocked = False
@@ -174,7 +189,7 @@ class Engine:
             return
         # Hot path (most calls from the env): inside a planned decode stretch that T cuts.
         if (not self._plan_dirty and T <= self._st_t_last and self.G != self._g_ex
-                and not self.prefilling and (self._blocked or not (self.preempted_q or self.waiting_q))):
+                and not self.prefilling and (self._blocked or not (self.sched.preempted_q or self.sched.waiting_q))):
             t0, a, c = self._st_t0, self._st_a, self._st_c
             G0 = self._st_G0
             if T - self.t > 8.0 * a:
@@ -192,10 +207,10 @@ class Engine:
             return
         while self.t < T:
             if self.chunked:
-                if self.prefilling or ((self.preempted_q or self.waiting_q) and not self._blocked):
+                if self.prefilling or ((self.sched.preempted_q or self.sched.waiting_q) and not self._blocked):
                     if self._mixed_iteration():
                         continue
-            elif (self.preempted_q or self.waiting_q) and not self._blocked:
+            elif (self.sched.preempted_q or self.sched.waiting_q) and not self._blocked:
                 admitted = self._select()
                 if admitted:
                     self._prefill_iteration(admitted)
@@ -226,7 +241,7 @@ class Engine:
             if self.idle():   # penalty() is 0 at every later point: skip a long gap in O(1)
                 break
             if (not self._plan_dirty and self.G != self._g_ex and not self.prefilling
-                    and (self._blocked or not (self.preempted_q or self.waiting_q))):
+                    and (self._blocked or not (self.sched.preempted_q or self.sched.waiting_q))):
                 # Inline the decode-stretch fast path of advance_to for as long as it holds.
                 t0, a, c, G0, t_last = self._st_t0, self._st_a, self._st_c, self._st_G0, self._st_t_last
                 k = self.G - G0
@@ -302,7 +317,8 @@ class Engine:
 
         Cached per (G, membership version): between iterations it cannot change."""
         if self.count_mode:
-            return float(len(self.preempted_q) + len(self.waiting_q) + len(self.prefilling) + self.B)
+            return float(len(self.sched.preempted_q) + len(self.sched.waiting_q) + len(self.prefilling)
+                         + self.B)
         G = self.G
         if G == self._pen_G and self._version == self._pen_version:
             return self._pen_value
@@ -480,10 +496,10 @@ class Engine:
         tb = self.table
         st = tb.status[rid]
         if st == _WAITING:
-            if rid in self.preempted_q:
-                self.preempted_q.remove(rid)
+            if rid in self.sched.preempted_q:
+                self.sched.preempted_q.remove(rid)
             else:
-                self.waiting_q.remove(rid)
+                self.sched.waiting_q.remove(rid)
             self._leave_prompt_phase(rid)
             self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid]
             o = tb.o_base[rid]
@@ -513,56 +529,21 @@ class Engine:
         tb.status[rid] = _WAITING
         tb.preemptions[rid] += 1
         self.n_preemptions += 1
-        self.preempted_q.append(rid)
+        self.sched.preempted_q.append(rid)
         self._enter_prompt_phase(rid)
 
-    # ------------------------------------------------------------- scheduling
-    def _order(self):
-        """Preempted requests first, then the waiting ones in the batching policy's order."""
-        key = self._sort_key
-        if key is None:
-            return chain(self.preempted_q, self.waiting_q)
-        tb = self.table
-        return chain(self.preempted_q, sorted(
-            self.waiting_q, key=lambda r: key(tb.prompt[r], tb.o_base[r], tb.pred[r])))
-
+    # ------------------------------------------------------------- admission
     def _select(self, budget: int | None = None) -> list[int]:
-        """Admit from the waiting queue (see the semantics doc); returns admitted ids.
-
-        Without ``budget`` (no chunking) each request needs its whole ``p + o`` tokens within
-        the token budget; with it (chunked prefill) admissions stop when the budget is spent.
-        """
-        kv = self.kv
-        if kv.pc:
-            return self._select_cached(budget)
-        tb, bs = self.table, kv.bs
+        """Admit from the waiting queue (``scheduler.py``; the semantics doc); returns admitted
+        ids. ``budget``: the chunked iteration's tokens left (None without chunking)."""
         self._sync_used()
-        free = kv.total_blocks - kv.used
-        nseq = self.B + len(self.prefilling)
-        tokens = taken = 0
-        skip = self._skip_unfit
-        out: list[int] = []
-        for r in self._order():
-            if nseq >= self.max_seqs or (budget is not None and budget <= 0):
-                break
-            L = tb.prompt[r] + tb.o_base[r]
-            need = -(-L // bs)
-            if (budget is not None or tokens + L <= self.budget) and free - need >= kv.watermark:
-                out.append(r)
-                nseq += 1
-                tokens += L
-                free -= need
-                taken += need
-                if budget is not None:
-                    budget -= L
-            elif not skip:
-                break
-        if out:
-            kv.allocate(taken)
-            self._remove_waiting(out)
+        out = self.sched.select(self.B + len(self.prefilling), budget)
+        if out and self.kv.pc:   # the cached part of their prompts needs no prefill
+            tb = self.table
+            for r in out:
+                self.pending_prefill_tokens -= tb.cached_tokens[r]
         return out
 
-    # --------------------------------------------------------- prefix caching
     def cached_prefix_tokens(self, rid: int) -> int:
         """Prompt tokens of request ``rid`` that this instance would reuse if it admitted it
         now (0 without prefix caching): what a router with engine introspection reads."""
@@ -571,53 +552,6 @@ class Engine:
         self._sync_used()   # evictions due to decode growth happen lazily
         tb = self.table
         return self.kv.hit_units(rid, tb.prompt[rid] + tb.o_base[rid]) * self.kv.H
-
-    def _select_cached(self, budget) -> list[int]:
-        """``_select`` with prefix caching: a request needs blocks only for its uncached part,
-        plus the cached blocks that are evictable now (they leave the free pool), and its
-        tokens are the uncached suffix. Admissions are applied one by one, so a request's
-        fresh blocks may evict cached ones that the next request in the walk would have hit."""
-        kv = self.kv
-        tb, bs, hb, H = self.table, kv.bs, kv.hb, kv.H
-        self._sync_used()
-        nseq = self.B + len(self.prefilling)
-        tokens = 0
-        skip = self._skip_unfit
-        out: list[int] = []
-        for r in self._order():
-            if nseq >= self.max_seqs or (budget is not None and budget <= 0):
-                break
-            L = tb.prompt[r] + tb.o_base[r]
-            n = kv.hit_units(r, L)
-            reuse = kv.evictable_hits(r, n) if n else 0
-            need = -(-L // bs) - hb * n
-            c = L - n * H
-            if ((budget is not None or tokens + c <= self.budget)
-                    and kv.total_blocks - kv.used - need - hb * reuse >= kv.watermark):
-                out.append(r)
-                nseq += 1
-                tokens += c
-                self.pending_prefill_tokens -= kv.take(r, n, need, L)   # the cached part
-                if budget is not None:
-                    budget -= c
-            elif not skip:
-                break
-        if out:
-            self._remove_waiting(out)
-        return out
-
-    def _remove_waiting(self, out: list[int]) -> None:
-        if self._sort_key is None and not self._skip_unfit:   # admitted = a prefix of the order
-            k = len(self.preempted_q)
-            if len(out) <= k:
-                del self.preempted_q[:len(out)]
-            else:
-                del self.waiting_q[:len(out) - k]
-                self.preempted_q.clear()
-        else:
-            s = set(out)
-            self.preempted_q = [r for r in self.preempted_q if r not in s]
-            self.waiting_q = [r for r in self.waiting_q if r not in s]
 
     def _start(self, rid: int, s: float) -> None:
         tb = self.table
@@ -702,7 +636,7 @@ class Engine:
         tb, s = self.table, self.t
         if self.B:
             self._grow_blocks()
-        budget = self.budget - self.B
+        budget = self.sched.budget - self.B
         toks = pairs = nchunks = 0
         completed: list[int] = []
         for r in self.prefilling:
@@ -718,8 +652,8 @@ class Engine:
             budget -= c
             if done + c == L:
                 completed.append(r)
-        new = self._select(budget) if budget > 0 and (self.preempted_q or self.waiting_q) else []
-        if not new and not self.prefilling and (self.preempted_q or self.waiting_q):
+        new = self._select(budget) if budget > 0 and (self.sched.preempted_q or self.sched.waiting_q) else []
+        if not new and not self.prefilling and (self.sched.preempted_q or self.sched.waiting_q):
             # Nothing can be admitted until a completion or preemption frees room. (While
             # prefills are in flight their chunks take budget, so admission is retried.)
             self._blocked = True
@@ -862,12 +796,12 @@ class Engine:
             held += -(-(tb.prompt[r] + tb.o_base[r]) // bs)
         if kv.pc:   # minus the blocks that sharing saves
             held += kv.check(chain(self.running, self.prefilling),
-                             chain(self.preempted_q, self.waiting_q))
+                             chain(self.sched.preempted_q, self.sched.waiting_q))
         assert held == kv.used, f"instance {self.index}: blocks {kv.used} != {held}"
         assert 0 <= kv.used <= kv.total_blocks
         assert S == self.S_at + self.B * (G - self.G_S)
-        assert self.B == len(self.running) <= self.max_seqs
-        assert self.B + len(self.prefilling) <= self.max_seqs
+        assert self.B == len(self.running) <= self.sched.max_seqs
+        assert self.B + len(self.prefilling) <= self.sched.max_seqs
 
 
 def grid_penalties(engines: list, k0: int, dt: float, k1: int, w: float = 1.0,
