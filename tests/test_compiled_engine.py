@@ -112,4 +112,4 @@ def test_setup_compiles_the_modules_the_runtime_checks():
     text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
     found = re.search(r"^MODULES = (\(.*?\))", text, re.MULTILINE | re.DOTALL)
     assert found and eval(found.group(1)) == _compiled.MODULES
-    assert _compiled.MODULES[-1] == "engine"
+    assert "engine" in _compiled.MODULES

@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 PURE_ENV_VAR = "LLM_LB_GYM_PURE_PYTHON"
-MODULES = ("iteration_timing", "kv_cache", "scheduler", "engine")   # as setup.py's MODULES: each imports only those before it
+MODULES = ("iteration_timing", "kv_cache", "scheduler", "engine", "penalty")   # as setup.py's MODULES: each imports only those before it
 SOURCES = tuple(f"{m}{ext}" for m in MODULES for ext in (".py", ".pxd"))
 
 
@@ -53,7 +53,16 @@ def compiled_engine_class():
             "results, slower). Rebuild it with the README's install command (pip install -e .).",
             RuntimeWarning, stacklevel=2)
         return None
-    return compiled[-1].Engine
+    return compiled[MODULES.index("engine")].Engine
+
+
+def module_like(engine_cls, name: str):
+    """The module ``name`` (one of ``MODULES``) of the implementation ``engine_cls`` comes from:
+    compiled for the compiled engine, the plain-Python file for the pure one (the cluster takes
+    ``penalty``'s functions this way; a compiled one accepts only the compiled engine)."""
+    assert name in MODULES, name
+    compiled = engine_cls.__module__ == f"{__package__}._engine_c"
+    return importlib.import_module(f"{__package__}.{'_' + name + '_c' if compiled else name}")
 
 
 @lru_cache(maxsize=None)

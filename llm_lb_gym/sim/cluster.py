@@ -18,7 +18,7 @@ import math
 import sys
 from collections import deque
 
-from ._compiled import engine_class
+from ._compiled import engine_class, module_like
 from .config import ClusterConfig
 from .request import RequestTable, Status
 from .speed import InstanceSpeeds
@@ -35,11 +35,12 @@ class Cluster:
                    num_decode_buckets=num_decode_buckets, check=check)
             for i, e in enumerate(cfg.engines)
         ]
-        # advance_to's, tick's and run_grid's passes over the instances, from the engine's own
-        # module (compiled or pure): C loops in the compiled build.
-        module = sys.modules[Engine.__module__]
-        self._advance_all = module.advance_all
-        self._tick_penalties, self._grid_penalties = module.tick_penalties, module.grid_penalties
+        # advance_to's, tick's and run_grid's passes over the instances, from the engine's
+        # implementation (compiled or pure): C loops in the compiled build.
+        self._advance_all = sys.modules[Engine.__module__].advance_all
+        pen = module_like(Engine, "penalty")
+        self._tick_penalties, self._grid_penalties = pen.tick_penalties, pen.grid_penalties
+        self._grid_penalties_until_idle = pen.grid_penalties_until_idle
         self.speeds = InstanceSpeeds(cfg.engines)
         # The in-system penalty: sum of inv_ideal * (1 - progress) (the paper's), or with
         # ``count_penalty`` the number of requests in the system (total latency's integrand).
@@ -163,20 +164,9 @@ class Cluster:
         ``w = g = 1`` gives the plain sums. Same numbers as calling ``tick`` at each point,
         summed per instance instead of per point."""
         assert not self.queue
-        fin = 0   # an instance finishes requests only inside its own grid_penalty call
-        fin_w = met_w = 0.0
         if k1 is None:
             assert self.all_arrived
-            total, k_end = 0.0, k0
-            for e in self.engines:
-                fin -= e.n_finished
-                e.fin_weight = e.met_weight = 0.0
-                pen, k = e.grid_penalty_until_idle(k0, dt, w, g)
-                fin += e.n_finished
-                fin_w += e.fin_weight
-                met_w += e.met_weight
-                total += pen
-                k_end = max(k_end, k)
+            total, fin, fin_w, met_w, k_end = self._grid_penalties_until_idle(self.engines, k0, dt, w, g)
             T = k_end * dt
         else:
             assert k1 > k0 and (self._next >= self.table.n or self.table.arrival_s[self._next] > (k1 - 1) * dt)

@@ -2,7 +2,8 @@
 # and setup.py). engine.py stays plain Python and is the source of truth; this file only gives
 # the compiler C types for the engine's attributes and locals and makes the internal methods
 # direct C calls. Every attribute that engine.py assigns must be declared here (the build
-# fails otherwise, and the install falls back to pure Python with a warning).
+# fails otherwise, and the install falls back to pure Python with a warning). Its parts
+# (timing, kv, sched) are typed by their own .pxd files, so calls into them are C calls too.
 cimport cython
 from .iteration_timing cimport IterationTiming, iterations_before
 from .kv_cache cimport KVCache
@@ -18,7 +19,7 @@ cdef class Engine:
     cdef public IterationTiming timing
     cdef public KVCache kv
     cdef public Scheduler sched
-    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value, fin_weight, met_weight
+    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
     cdef public object table, latency
@@ -31,12 +32,8 @@ cdef class Engine:
     cpdef add(self, long rid, double now)
     @cython.locals(t0=double, a=double, c=double, t=double, G0=long, k=long)
     cpdef advance_to(self, double T)
-    @cython.locals(total=double, j=long, t0=double, a=double, c=double, G0=long, t_last=double,
-                   k=long, t=double, value=double, sat_next=double, p0=double, A1=double,
-                   A2=double, A3=double, T=double, G=long, run=double, nf=long, nm=long)
-    cpdef double grid_penalty(self, long k0, double dt, long k1, double w=*, double g=*)
-    @cython.locals(total=double, j=long, T=double, nf=long, nm=long)
-    cpdef tuple grid_penalty_until_idle(self, long k0, double dt, double w=*, double g=*)
+    cpdef bint in_decode_stretch(self)
+    cpdef jump_in_stretch(self, long G, double t)
     @cython.locals(G=long, run=double, value=double)
     cpdef double penalty(self)
     cpdef double decode_iteration_s(self)
@@ -80,9 +77,5 @@ cdef class Engine:
     cpdef _decode(self, double T)
 
 
-@cython.locals(e=Engine, total=double, fin=long, fin_w=double, met_w=double)
-cpdef tuple grid_penalties(list engines, long k0, double dt, long k1, double w=*, double g=*)
-@cython.locals(e=Engine, pen=double, fin=long)
-cpdef tuple tick_penalties(list engines, double T)
 @cython.locals(e=Engine)
 cpdef advance_all(list engines, double T)

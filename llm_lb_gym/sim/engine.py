@@ -1,7 +1,17 @@
-"""One vLLM-style inference instance: waiting queue, running batch, KV blocks, iterations.
+"""One vLLM-style inference instance: the lifecycle of its requests and its clock.
 
 Semantics: ``docs/simulator_semantics.md`` (the contract shared with the naive step-by-step
 reference in ``reference.py``; tests compare the two).
+
+Where each concern lives (each file compiled as its own extension, ``_compiled.py``):
+- ``engine.py`` (here): routing in (``add``), time (``advance_to``: prefill, mixed and decode
+  iterations), the running batch and its lockstep decode, finishing and preempting, the O(1)
+  aggregates below, observations and estimates for routers, invariants (``_check``);
+- ``scheduler.py`` (``sched``): the waiting queue and which requests are admitted next;
+- ``kv_cache.py`` (``kv``): KV blocks and the prefix cache;
+- ``iteration_timing.py`` (``timing``): how long an iteration takes;
+- ``penalty.py``: the reward's in-system penalty summed over the decision grid (the sums it
+  reads are kept here: they change at every state change, see its docstring).
 
 Why it is fast. Between events (a route to this instance, a completion, a KV shortage) every
 running sequence gains one token per decode iteration, in lockstep. So the engine keeps a
@@ -73,9 +83,7 @@ class Engine:
         self.n_preemptions = 0
         self.n_iterations = 0
         self.n_prefill_iterations = 0
-        self.fin_weight = 0.0       # completions weighted by grid_penalty's weights (env reward)
         self.n_slo_met = 0          # finished within both SLO deadlines (if table.count_slo; sim/slo.py)
-        self.met_weight = 0.0       # those completions weighted like fin_weight (env's slo reward)
         self.count_mode = False     # penalty() counts requests instead (the env's latency reward)
         # Observation aggregates.
         self.prompt_counts = [0] * num_prompt_buckets   # requests in prompt phase per bucket
@@ -225,89 +233,20 @@ class Engine:
                 return
             self._decode(T)
 
-    def grid_penalty(self, k0: int, dt: float, k1: int, w: float = 1.0, g: float = 1.0) -> float:
-        """Weighted sum of ``penalty()`` at the grid points (k0+1)dt .. k1 dt, advancing to each:
-        what a tick-by-tick loop computes, without its per-tick call overhead (the env's
-        fast-forward). Point j's weight is ``w * g**(j - k0 - 1)`` (a learner's per-interval
-        discount; ``w = g = 1`` is the plain sum, bit for bit). Requests finishing in the
-        interval before point j add the same weight to ``fin_weight``, so the env can discount
-        completions by their time too. Inside a planned decode stretch the iteration count is
-        stepped inline (nothing finishes inside a stretch)."""
-        if self.idle():
-            return 0.0
-        total = 0.0
-        j = k0 + 1
-        while j <= k1:
-            if self.idle():   # penalty() is 0 at every later point: skip a long gap in O(1)
-                break
-            if (not self._plan_dirty and self.G != self._g_ex and not self.prefilling
-                    and (self._blocked or not (self.sched.preempted_q or self.sched.waiting_q))):
-                # Inline the decode-stretch fast path of advance_to for as long as it holds.
-                t0, a, c, G0, t_last = self._st_t0, self._st_a, self._st_c, self._st_G0, self._st_t_last
-                k = self.G - G0
-                t = self.t
-                value = self.penalty()   # pops saturations due at the current G
-                h = self.sat_heap
-                sat_next = h[0][0] if h else INF
-                p0, A1, A2, A3 = self.pen_static, self.pA1, self.pA2, self.pA3
-                if self.count_mode:   # membership is fixed inside a stretch: a constant count
-                    p0, A1, A2, A3, sat_next = value, 0.0, 0.0, 0.0, INF
-                while j <= k1:
-                    T = j * dt
-                    if T > t_last:
-                        break
-                    if t < T:
-                        k += 1
-                        t = t0 + k * a + c * k * (k - 1) / 2
-                        while t < T:
-                            k += 1
-                            t = t0 + k * a + c * k * (k - 1) / 2
-                        G = G0 + k
-                        self.n_iterations += G - self.G
-                        self.G = G
-                        self.t = t
-                        if G < sat_next:   # no prediction reached: the running sum is linear in G
-                            run = A1 - A2 - G * A3
-                            value = p0 + (run if run > 0.0 else 0.0)
-                        else:
-                            value = self.penalty()
-                            sat_next = h[0][0] if h else INF
-                            A1, A2, A3 = self.pA1, self.pA2, self.pA3
-                    total += w * value
-                    w *= g
-                    j += 1
-                if j > k1:
-                    break
-            T = j * dt
-            if self.t < T:
-                nf, nm = self.n_finished, self.n_slo_met
-                self.advance_to(T)
-                if self.n_finished != nf:
-                    self.fin_weight += w * (self.n_finished - nf)
-                    self.met_weight += w * (self.n_slo_met - nm)
-            total += w * self.penalty()
-            w *= g
-            j += 1
-        return total
+    def in_decode_stretch(self) -> bool:
+        """Whether the next iterations are the planned decode stretch (``_plan``): no prefill
+        to run, nothing admissible, and the iteration at the clock does not run out of blocks.
+        Inside it nothing finishes before ``_st_t_last`` and the membership is fixed, so the
+        clock may be stepped in closed form (``advance_to``'s hot path, ``penalty.py``)."""
+        return (not self._plan_dirty and self.G != self._g_ex and not self.prefilling
+                and (self._blocked or not (self.sched.preempted_q or self.sched.waiting_q)))
 
-    def grid_penalty_until_idle(self, k0: int, dt: float, w: float = 1.0,
-                                g: float = 1.0) -> tuple[float, int]:
-        """Like ``grid_penalty`` from (k0+1)dt on, until the instance is idle after a grid
-        point; returns (weighted sum, index of that grid point) (k0 if idle already)."""
-        total = 0.0
-        j = k0
-        while not self.idle():
-            j += 1
-            T = j * dt
-            if self.t < T:
-                nf, nm = self.n_finished, self.n_slo_met
-                self.advance_to(T)
-                if self.n_finished != nf:
-                    self.fin_weight += w * (self.n_finished - nf)
-                    self.met_weight += w * (self.n_slo_met - nm)
-            total += w * self.penalty()
-            w *= g
-        return total, j
+    def jump_in_stretch(self, G: int, t: float) -> None:
+        """Move the clock to decode iteration ``G`` of the planned stretch, starting at ``t``
+        (``t = _st_t0 + k a + c k (k - 1) / 2`` with ``k = G - _st_G0``; ``penalty.py``)."""
+        self.n_iterations += G - self.G
+        self.G = G
+        self.t = t
 
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
@@ -804,45 +743,10 @@ class Engine:
         assert self.B + len(self.prefilling) <= self.sched.max_seqs
 
 
-def grid_penalties(engines: list, k0: int, dt: float, k1: int, w: float = 1.0,
-                   g: float = 1.0) -> tuple:
-    """``Cluster.run_grid``'s pass over its instances: ``grid_penalty`` of each up to grid
-    point ``k1``, summed, with the requests finished meanwhile, plain and weighted (``fin_weight``,
-    ``met_weight``). A module function so that the compiled build runs this loop in C: the env
-    calls it once per step, and in Python its attribute traffic cost about 1 us there.
-    Returns (penalty sum, finished, weighted finished, weighted finished within their SLO)."""
-    total = 0.0
-    fin = 0
-    fin_w = 0.0
-    met_w = 0.0
-    for e in engines:
-        fin -= e.n_finished
-        e.fin_weight = 0.0
-        e.met_weight = 0.0
-        total += e.grid_penalty(k0, dt, k1, w, g)
-        fin += e.n_finished
-        fin_w += e.fin_weight
-        met_w += e.met_weight
-    return total, fin, fin_w, met_w
-
-
-def tick_penalties(engines: list, T: float) -> tuple:
-    """``Cluster.tick``'s pass over its instances: advance each to ``T``, then (sum of their
-    in-system penalties, requests they finished so far). In this module for the reason
-    ``grid_penalties`` is: one C loop in the compiled build."""
-    pen = 0.0
-    fin = 0
-    for e in engines:
-        if e.t < T:
-            e.advance_to(T)
-        pen += e.penalty()
-        fin += e.n_finished
-    return pen, fin
-
-
 def advance_all(engines: list, T: float) -> None:
-    """``Cluster.advance_to``'s pass over its instances (each one behind ``T`` runs to it): a C
-    loop in the compiled build, like ``grid_penalties``."""
+    """``Cluster.advance_to``'s pass over its instances (each one behind ``T`` runs to it): a
+    module function so that the compiled build runs this loop in C (``penalty.py``'s passes
+    likewise)."""
     for e in engines:
         if e.t < T:
             e.advance_to(T)
