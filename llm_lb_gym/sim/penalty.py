@@ -37,8 +37,8 @@ INF = math.inf
 class Completions:
     """One instance's completions during a grid walk, each weighted by the point after it:
     all of them (``fin_w``) and those within their SLO deadlines (``met_w``). An object the
-    caller reuses, not a returned tuple: boxing three floats per instance per env step cost
-    1.5% of the step (measured)."""
+    caller reuses, not a returned tuple: with a tuple of three boxed floats per instance the
+    default env's step measured 0.99x of the unsplit engine's, with this 1.02x (bench pair)."""
 
     def __init__(self):
         self.fin_w = 0.0
