@@ -20,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 PURE_ENV_VAR = "LLM_LB_GYM_PURE_PYTHON"
-MODULES = ("iteration_timing", "kv_cache", "scheduler", "engine", "penalty")   # as setup.py's MODULES: each imports only those before it
+MODULES = ("iteration_timing", "kv_cache", "scheduler", "progress", "engine", "penalty")   # as setup.py's MODULES: each imports only those before it
 SOURCES = tuple(f"{m}{ext}" for m in MODULES for ext in (".py", ".pxd"))
 
 

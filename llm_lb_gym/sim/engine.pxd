@@ -7,25 +7,26 @@
 cimport cython
 from .iteration_timing cimport IterationTiming, iterations_before
 from .kv_cache cimport KVCache
+from .progress cimport ProgressSums
 from .scheduler cimport Scheduler
 
 cdef class Engine:
     cdef public long index
     cdef public long G, _used_G, B, S_at, G_S, admit_counter
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
-    cdef public long pending_prefill_tokens, wA3, _version, _pen_G, _pen_version, n_sat_running
+    cdef public long pending_prefill_tokens
     cdef public long _st_G0
     cdef public double t, _g_fin_end, _g_ex, committed_tokens
     cdef public IterationTiming timing
     cdef public KVCache kv
     cdef public Scheduler sched
-    cdef public double pen_static, wait_left, pA1, pA2, pA3, wA1, wA2, _pen_value
+    cdef public ProgressSums progress
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
     cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
     cdef public object table, latency
     cdef public dict running
     cdef public list prefilling, fin_heap, phase_cnt
-    cdef public list prompt_counts, decode_counts, sat_heap
+    cdef public list prompt_counts, decode_counts
 
     cpdef _sync_used(self)
     cpdef bint idle(self)
@@ -34,25 +35,19 @@ cdef class Engine:
     cpdef advance_to(self, double T)
     cpdef bint in_decode_stretch(self)
     cpdef jump_in_stretch(self, long G, double t)
-    @cython.locals(G=long, run=double, value=double)
     cpdef double penalty(self)
     cpdef double decode_iteration_s(self)
+    @cython.locals(pg=ProgressSums)
     cpdef double earliest_completion_s(self)
     @cython.locals(cap=double)
     cpdef observe_into(self, list out, double kv_tokens)
-    @cython.locals(o=long, pred=double, f=double)
     cpdef _enter_prompt_phase(self, long rid)
-    @cython.locals(o=long, pred=double, f=double)
     cpdef _leave_prompt_phase(self, long rid)
     cpdef _rebase_S(self)
-    @cython.locals(G=long, seq=long, p=long, pred=double, w=double, k=long)
+    @cython.locals(G=long, seq=long, p=long)
     cpdef _join_running(self, long rid, long o)
     @cython.locals(G=long, o=long, p=long)
     cpdef long _leave_running(self, long rid)
-    @cython.locals(G=long, seq=long, rid=long)
-    cpdef _pop_saturated(self)
-    @cython.locals(w=double, pred=double, k=long)
-    cpdef _drop_linear_terms(self, long rid)
     cpdef _finish(self, long rid, long o, double now)
     @cython.locals(o=long)
     cpdef _preempt(self, long rid)

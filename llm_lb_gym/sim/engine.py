@@ -10,8 +10,10 @@ Where each concern lives (each file compiled as its own extension, ``_compiled.p
 - ``scheduler.py`` (``sched``): the waiting queue and which requests are admitted next;
 - ``kv_cache.py`` (``kv``): KV blocks and the prefix cache;
 - ``iteration_timing.py`` (``timing``): how long an iteration takes;
-- ``penalty.py``: the reward's in-system penalty summed over the decision grid (the sums it
-  reads are kept here: they change at every state change, see its docstring).
+- ``progress.py`` (``progress``): the requests' predicted progress as sums O(1) at any G: the
+  reward's in-system penalty and the predicted decode tokens left (the engine reports each
+  change of its request set there);
+- ``penalty.py``: that penalty summed over the decision grid, across the instances.
 
 Why it is fast. Between events (a route to this instance, a completion, a KV shortage) every
 running sequence gains one token per decode iteration, in lockstep. So the engine keeps a
@@ -25,7 +27,7 @@ make a stretch of k identical decode iterations O(1):
 - completions come from a heap keyed by the iteration in which each request ends;
 - the reward's in-system penalty and the work-left estimates are linear in ``G`` per request
   until the prediction is reached, so sums of coefficients (plus a heap of saturation points)
-  give them in O(1).
+  give them in O(1) (``progress.py``).
 ``fast=False`` runs the same logic one iteration at a time (the reference mode).
 """
 
@@ -38,6 +40,7 @@ from itertools import chain
 from .config import EngineConfig
 from .iteration_timing import IterationTiming, iterations_before
 from .kv_cache import KVCache
+from .progress import ProgressSums
 from .scheduler import Scheduler
 from .request import RequestTable, Status
 
@@ -90,18 +93,9 @@ class Engine:
         self.decode_counts = [0] * num_decode_buckets   # requests in decode phase per bucket
         self.committed_tokens = 0.0   # sum of prompt + predicted decode tokens on this instance
         self.pending_prefill_tokens = 0  # prompt (+ recompute) tokens not yet computed
-        # In-system penalty: sum_j inv_ideal_j * (1 - min(o_j / pred_j, 1)).
-        self.pen_static = 0.0        # waiting / prefilling (o frozen)
-        self.wait_left = 0.0         # sum max(pred - o, 0) over waiting / prefilling
-        self.pA1 = self.pA2 = self.pA3 = 0.0   # running, unsaturated: A1 - A2 - G A3
-        self.wA1 = self.wA2 = 0.0
-        self.wA3 = 0                 # running predicted decode left: wA1 - wA2 - G wA3
-        self.sat_heap: list[tuple[int, int, int]] = []   # (G at which o >= pred, admit seq, rid)
-        self._version = 0            # bumped by every membership change (penalty cache key)
-        self._pen_G = -1
-        self._pen_version = -1
-        self._pen_value = 0.0
-        self.n_sat_running = 0
+        # The in-system penalty and the predicted decode tokens left, O(1) at any G.
+        self.progress = ProgressSums(table)
+
     # ------------------------------------------------------------------ public API
     @property
     def num_waiting(self) -> int:
@@ -145,6 +139,12 @@ class Engine:
     @property
     def pc(self) -> bool:
         return self.kv.pc
+
+    @property
+    def wait_left(self) -> float:
+        """Predicted decode tokens of the waiting and prefilling requests (``progress.py``;
+        the ``wait`` observation feature reads it, like ``serve/view.py``'s)."""
+        return self.progress.wait_left
 
     # The scheduler's (scheduler.py), likewise.
     @property
@@ -250,30 +250,17 @@ class Engine:
 
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
-        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1)),
-        or, with ``count_mode``, the number of requests on it (waiting, prefilling, running): the
-        integrand of total latency (Little's law).
-
-        Cached per (G, membership version): between iterations it cannot change."""
+        """Sum over requests on this instance of inv_ideal * (1 - min(generated/predicted, 1))
+        (``progress.py``), or, with ``count_mode``, the number of requests on it (waiting,
+        prefilling, running): the integrand of total latency (Little's law)."""
         if self.count_mode:
             return float(len(self.sched.preempted_q) + len(self.sched.waiting_q) + len(self.prefilling)
                          + self.B)
-        G = self.G
-        if G == self._pen_G and self._version == self._pen_version:
-            return self._pen_value
-        h = self.sat_heap
-        if h and h[0][0] <= G:
-            self._pop_saturated()
-        run = self.pA1 - self.pA2 - G * self.pA3
-        value = self.pen_static + (run if run > 0.0 else 0.0)
-        self._pen_G, self._pen_version, self._pen_value = G, self._version, value
-        return value
+        return self.progress.penalty(self.G)
 
     def decode_tokens_left(self) -> float:
         """Predicted decode tokens still to generate (clipped at 0 per request)."""
-        self._pop_saturated()
-        run = self.wA1 - self.wA2 - self.G * self.wA3
-        return self.wait_left + (run if run > 0.0 else 0.0)
+        return self.progress.decode_tokens_left(self.G)
 
     def decode_iteration_s(self) -> float:
         """Duration of a decode iteration of the current running batch."""
@@ -285,10 +272,11 @@ class Engine:
         """Predicted time until the first running request completes (0 when none runs)."""
         if not self.B:
             return 0.0
-        self._pop_saturated()
-        if self.n_sat_running or not self.sat_heap:
+        pg = self.progress
+        pg.pop_saturated(self.G)
+        if pg.n_sat_running or not pg.sat_heap:
             return 0.0
-        return max(self.sat_heap[0][0] - self.G, 0) * self.decode_iteration_s()
+        return max(pg.sat_heap[0][0] - self.G, 0) * self.decode_iteration_s()
 
     def observe_into(self, out: list, kv_tokens: float) -> None:
         """Append this instance's router features to ``out``: prompt-phase bucket counts,
@@ -304,22 +292,13 @@ class Engine:
     # ------------------------------------------------------------ state changes
     def _enter_prompt_phase(self, rid: int) -> None:
         tb = self.table
-        self._version += 1
         self.prompt_counts[tb.prompt_bucket[rid]] += 1
-        o, pred = tb.o_base[rid], tb.pred[rid]
-        self.pending_prefill_tokens += tb.prompt[rid] + o
-        f = o / pred
-        self.pen_static += tb.inv_ideal[rid] * (1.0 - f if f < 1.0 else 0.0)
-        self.wait_left += pred - o if pred > o else 0.0
+        self.pending_prefill_tokens += tb.prompt[rid] + tb.o_base[rid]
+        self.progress.enter_prompt(rid)
 
     def _leave_prompt_phase(self, rid: int) -> None:
-        tb = self.table
-        self._version += 1
-        self.prompt_counts[tb.prompt_bucket[rid]] -= 1
-        o, pred = tb.o_base[rid], tb.pred[rid]
-        f = o / pred
-        self.pen_static -= tb.inv_ideal[rid] * (1.0 - f if f < 1.0 else 0.0)
-        self.wait_left -= pred - o if pred > o else 0.0
+        self.prompt_counts[self.table.prompt_bucket[rid]] -= 1
+        self.progress.leave_prompt(rid)
 
     def _rebase_S(self) -> None:
         self.S_at += self.B * (self.G - self.G_S)
@@ -330,7 +309,6 @@ class Engine:
         tb, G = self.table, self.G
         self._rebase_S()
         self._sync_used()
-        self._version += 1
         tb.status[rid] = _RUNNING
         tb.o_base[rid] = o
         tb.g_base[rid] = G
@@ -344,20 +322,7 @@ class Engine:
         self.phase_cnt[(G + 1 - p - o) % self.kv.bs] += 1
         heapq.heappush(self.fin_heap, (G + tb.decode[rid] - 1 - o, seq, rid))
         self.decode_counts[tb.decode_bucket[rid]] += 1
-        pred = tb.pred[rid]
-        if o >= pred:
-            tb.saturated[rid] = True
-            self.n_sat_running += 1
-        else:
-            tb.saturated[rid] = False
-            w, k = tb.inv_ideal[rid], o - G
-            self.pA1 += w
-            self.pA2 += w * k / pred
-            self.pA3 += w / pred
-            self.wA1 += pred
-            self.wA2 += k
-            self.wA3 += 1
-            heapq.heappush(self.sat_heap, (G + math.ceil(pred - o), seq, rid))
+        self.progress.join_running(rid, o, G, seq)
         self._plan_dirty = True
 
     def _leave_running(self, rid: int) -> int:
@@ -365,7 +330,6 @@ class Engine:
         tb, G = self.table, self.G
         self._rebase_S()
         self._sync_used()
-        self._version += 1
         o = tb.o_base[rid] + G - tb.g_base[rid]
         p = tb.prompt[rid]
         del self.running[rid]
@@ -373,37 +337,10 @@ class Engine:
         self.S_at -= p + o
         self.phase_cnt[(tb.g_base[rid] + 1 - p - tb.o_base[rid]) % self.kv.bs] -= 1
         self.decode_counts[tb.decode_bucket[rid]] -= 1
-        if tb.saturated[rid]:
-            self.n_sat_running -= 1
-        else:
-            self._drop_linear_terms(rid)   # also marks its sat_heap entry stale
-        if not self.B:   # resync the float aggregates so rounding cannot accumulate
-            self.pA1 = self.pA2 = self.pA3 = self.wA1 = self.wA2 = 0.0
+        self.progress.leave_running(rid, self.B)
         self._plan_dirty = True
         self._blocked = False
         return o
-
-    def _pop_saturated(self) -> None:
-        h, tb, G = self.sat_heap, self.table, self.G
-        while h and h[0][0] <= G:
-            _, seq, rid = heapq.heappop(h)
-            if tb.admit_seq[rid] != seq or tb.saturated[rid] or tb.status[rid] != _RUNNING:
-                continue
-            self._drop_linear_terms(rid)
-            self.n_sat_running += 1
-
-    def _drop_linear_terms(self, rid: int) -> None:
-        """Remove a running request's linear-in-G terms (penalty and decode-left sums): it has
-        reached its predicted length, or it leaves the running set."""
-        tb = self.table
-        w, pred, k = tb.inv_ideal[rid], tb.pred[rid], tb.o_base[rid] - tb.g_base[rid]
-        self.pA1 -= w
-        self.pA2 -= w * k / pred
-        self.pA3 -= w / pred
-        self.wA1 -= pred
-        self.wA2 -= k
-        self.wA3 -= 1
-        tb.saturated[rid] = True
 
     def _finish(self, rid: int, o: int, now: float) -> None:
         tb = self.table
@@ -418,8 +355,7 @@ class Engine:
             self.n_slo_met += 1
         self._blocked = False
         if self.idle():   # nobody left: drop the float residue, so an idle penalty is exactly 0
-            self.pen_static = 0.0
-            self._version += 1
+            self.progress.clear()
 
     def abort(self, rid: int, now: float) -> bool:
         """Drop request ``rid`` at ``now`` (after ``advance_to(now)``): its client went away.
@@ -455,8 +391,7 @@ class Engine:
         self._blocked = False
         self._plan_dirty = True
         if self.idle():
-            self.pen_static = 0.0
-            self._version += 1
+            self.progress.clear()
         return True
 
     def _preempt(self, rid: int) -> None:

@@ -1,6 +1,7 @@
 # C types for penalty.py when it is compiled (see setup.py, _compiled.py).
 cimport cython
 from .engine cimport Engine
+from .progress cimport ProgressSums
 
 cdef class Completions:
     cdef public double fin_w, met_w
@@ -8,7 +9,7 @@ cdef class Completions:
 @cython.locals(total=double, fin_w=double, met_w=double, j=long, T=double, nf=long, nm=long,
                t0=double, a=double, c=double, G0=long, t_last=double, k=long, t=double,
                value=double, sat_next=double, p0=double, A1=double, A2=double, A3=double, G=long,
-               run=double)
+               run=double, pg=ProgressSums)
 cpdef double grid_penalty(Engine e, long k0, double dt, long k1, double w, double g,
                           Completions out)
 @cython.locals(e=Engine, total=double, fin=long, fin_w=double, met_w=double, out=Completions)

@@ -60,9 +60,10 @@ def grid_penalty(e, k0: int, dt: float, k1: int, w: float, g: float, out: Comple
             k = e.G - G0
             t = e.t
             value = e.penalty()   # pops saturations due at the current G
-            h = e.sat_heap
+            pg = e.progress
+            h = pg.sat_heap
             sat_next = h[0][0] if h else INF
-            p0, A1, A2, A3 = e.pen_static, e.pA1, e.pA2, e.pA3
+            p0, A1, A2, A3 = pg.pen_static, pg.pA1, pg.pA2, pg.pA3
             if e.count_mode:   # membership is fixed inside a stretch: a constant count
                 p0, A1, A2, A3, sat_next = value, 0.0, 0.0, 0.0, INF
             while j <= k1:
@@ -83,7 +84,7 @@ def grid_penalty(e, k0: int, dt: float, k1: int, w: float, g: float, out: Comple
                     else:
                         value = e.penalty()
                         sat_next = h[0][0] if h else INF
-                        A1, A2, A3 = e.pA1, e.pA2, e.pA3
+                        A1, A2, A3 = pg.pA1, pg.pA2, pg.pA3
                 total += w * value
                 w *= g
                 j += 1
