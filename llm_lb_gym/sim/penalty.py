@@ -7,24 +7,26 @@ credits the requests that finished in the interval before it, each point weighte
 ``w * g**(j - k0 - 1)`` (a learner's per-interval discount; ``w = g = 1``: plain sums, bit for
 bit). These functions compute those sums for the cluster's ``tick`` and ``run_grid`` (the
 decision clock's fast-forward), one instance at a time: advance it to each grid point and read
-its penalty. They touch only the engine's public surface (``advance_to``, ``penalty``,
-``idle``, ``t``, ``n_finished``, ``n_slo_met``).
+its penalty (``Engine.advance_to``, ``Engine.penalty``; inside a planned decode stretch, the
+stretch's closed form and the penalty sums directly, see ``grid_penalty``).
 
-Why the integration is here and the penalty's aggregates are in the engine. The penalty at a
-point is O(1) only through sums the engine updates at each change of its request set (a
-request enters or leaves the prompt phase, joins or leaves the running batch, reaches its
-predicted length: ``Engine._join_running`` etc.); those changes happen inside ``advance_to``,
-out of the env's sight, so the sums cannot move out of the engine without a callback per state
-change. What is left, the walk over the grid points, is this module's, in the sim layer (the
-env only reads its sums through ``Cluster.run_grid`` / ``tick``). It is compiled with the
-engine (``penalty.pxd``; the cluster takes these functions from the module of its engine's
-implementation, ``_compiled.module_like``) because it runs at every env step, for every
-instance and grid point. Measured on the default env's round-robin step (alternating episodes,
-one process, compiled engine, 30 per variant, package 0.5.0): this walk as plain Python over
-the compiled engine made the step 22% slower (0.78x); compiled but calling ``advance_to`` and
-``penalty`` at every point, 3% slower (0.97x); hence the decode-stretch path in
-``grid_penalty``, which reads the engine's stretch plan and penalty sums directly (the same
-numbers as those calls, bit for bit).
+Why this much and no more is on the reward's side. The penalty at a point is O(1) only through
+sums updated at each change of an instance's request set (a request enters or leaves the prompt
+phase, joins or leaves the running batch, reaches its predicted length). Those changes happen
+inside ``advance_to``, out of the env's sight, so the engine must report each one: the sums
+live in ``progress.py``, which the engine calls as C (a Python callback per state change into
+``envs/`` would cost more than the sums, and the sim layer may not import the env's). The
+walk over the grid points is this module's, still in the sim layer (the env reads its sums
+through ``Cluster.run_grid`` / ``tick``), and compiled (``penalty.pxd``; the cluster takes these
+functions from the module of its engine's implementation, ``_compiled.module_like``) because it
+runs at every env step, for every instance and grid point. Measured on the default env's
+round-robin step (alternating episodes, one process, compiled engine, 30 per variant, package
+0.5.0): this walk as plain Python over the compiled engine made the step 22% slower (0.78x);
+compiled but calling ``advance_to`` and ``penalty`` at every point and returning a tuple per
+instance, 3% slower (0.97x). With the decode-stretch path in ``grid_penalty`` (it reads the
+engine's stretch plan and the progress sums directly: the same numbers as those calls, bit for
+bit) and ``Completions`` instead of the tuple, the split engine's step measured 1.02x of the
+unsplit one (the two changes were not measured apart).
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ INF = math.inf
 class Completions:
     """One instance's completions during a grid walk, each weighted by the point after it:
     all of them (``fin_w``) and those within their SLO deadlines (``met_w``). An object the
-    caller reuses, not a returned tuple: with a tuple of three boxed floats per instance the
-    default env's step measured 0.99x of the unsplit engine's, with this 1.02x (bench pair)."""
+    caller reuses, not a returned tuple of three boxed floats per instance (see the module
+    docstring for what was measured)."""
 
     def __init__(self):
         self.fin_w = 0.0
