@@ -2,15 +2,7 @@
 (``paired_change``, ``summarize``): the library behind ``python -m experiments.evaluate``, used by
 train, improve, reproduce, load_sweep and merge.
 
-    python -m experiments.evaluate                       # all eleven heuristics, default env
-    python -m experiments.evaluate episodes=20 env.arrival_rate_rps=40
-    python -m experiments.evaluate experiment=paper_v100 'agents={wg_rl: {kind: double_dqn, path: runs/x/model.zip}}'
-
-Writes ``results.csv`` (one row per policy and episode), ``summary.md`` (the table printed at
-the end) and ``latency_cdf.png`` in the run directory, with the resolved config and command.
-Episode ``i`` uses seed ``seed + i`` for every policy, so all see the same requests and
-predictions; the % change of mean E2E vs the baseline is paired per episode, with a 95%
-Student-t confidence interval over episodes.
+Usage and outputs: ``experiments/evaluate.py``'s docstring (the command).
 """
 
 from __future__ import annotations
