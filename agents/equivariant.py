@@ -267,9 +267,9 @@ def policy_for(agent_name: str, name: str):
         raise ConfigError(f"policy={name!r} is not valid; allowed: {', '.join(POLICY_NAMES)}")
     if agent_name in ("double_dqn", "dqn"):
         return EquivariantDQNPolicy
-    if agent_name == "maskable_ppo":
+    if agent_name in ("maskable_ppo", "maskable_ppo_kl"):
         return equivariant_actor_critic_policy()
-    raise ConfigError(f"policy=equivariant is available for double_dqn, dqn and maskable_ppo, not {agent_name!r}")
+    raise ConfigError(f"policy=equivariant is available for double_dqn, dqn, maskable_ppo and maskable_ppo_kl, not {agent_name!r}")
 
 
 def obs_layout_of(env) -> dict[str, int]:

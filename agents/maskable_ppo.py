@@ -99,6 +99,11 @@ class SemiMDPMaskablePPO(MaskablePPO):
             "(agents.maskable_ppo.SemiMDPRolloutBuffer), or make the env's discount constant and "
             f"equal: reward.discount=per_step with reward.gamma={self.gamma:g}")
 
+    def _before_act(self, env) -> dict:
+        """Extra keywords for ``rollout_buffer.add`` read from ``env`` before the agent acts
+        (none here; ``agents.teacher_kl_ppo`` stores the teacher's action)."""
+        return {}
+
     def collect_rollouts(self, env, callback, rollout_buffer, n_rollout_steps: int, use_masking: bool = True) -> bool:
         """sb3-contrib 2.x's ``MaskablePPO.collect_rollouts`` line for line, except that each step's
         discounts go into the buffer and a time-limit bootstrap uses the step's own discount."""
@@ -118,6 +123,7 @@ class SemiMDPMaskablePPO(MaskablePPO):
                 obs_tensor = obs_as_tensor(self._last_obs, self.device)  # type: ignore[arg-type]
                 if use_masking:
                     action_masks = get_action_masks(env)
+                before = self._before_act(env)
                 actions, values, log_probs = self.policy(obs_tensor, action_masks=action_masks)
             actions = actions.cpu().numpy()
             new_obs, rewards, dones, infos = env.step(actions)
@@ -144,6 +150,7 @@ class SemiMDPMaskablePPO(MaskablePPO):
                     rewards[idx] += discounts[idx] * terminal_value
 
             extra = {"discounts": discounts} if isinstance(rollout_buffer, _PerStepDiscounts) else {}
+            extra.update(before)
             rollout_buffer.add(self._last_obs, actions, rewards, self._last_episode_starts, values, log_probs,
                                action_masks=action_masks, **extra)
             self._last_obs = new_obs  # type: ignore[assignment]

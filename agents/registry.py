@@ -65,6 +65,17 @@ def _maskable_ppo() -> type:
     return SemiMDPMaskablePPO
 
 
+def _maskable_ppo_kl() -> type:
+    from agents.teacher_kl_ppo import TeacherKLMaskablePPO
+
+    return TeacherKLMaskablePPO
+
+
+def _ppo_kl_kwargs(cls: type) -> frozenset[str]:
+    # The subclass takes MaskablePPO's keywords through **kwargs.
+    return constructor_params(cls) | constructor_params(cls.__mro__[1]) | PLAIN_POLICY_KWARGS
+
+
 def _reinforce() -> type:
     from agents.reinforce import REINFORCEAgent
 
@@ -104,6 +115,10 @@ class AgentSpec:
     """Discounts each transition by the env's ``info["discount"]`` (gamma_s ** dt in simulated
     time on ``LLMCluster-v0``): the discount is then the env's (``reward.discount``,
     ``reward.horizon_s``, ``reward.gamma``) and ``gamma`` is refused as an agent option there."""
+    teacher_actions: bool = False
+    """Trains on envs wrapped in ``agents.teacher_kl_ppo.TeacherAction`` (the teacher router of
+    ``train.imitation.teacher``, with the setting's options), whose action it is penalised
+    for leaving (``maskable_ppo_kl``)."""
     defaults: Callable[[dict[str, Any], int | None, int | None], dict[str, Any]] | None = None
     """``(kwargs, total_timesteps, episode_steps) -> kwargs`` with the defaults filled in (the
     paper's settings for the DQN variants, so the two differ only in the target); None: the
@@ -124,6 +139,10 @@ AGENTS: dict[str, AgentSpec] = {
         AgentSpec("maskable_ppo", _maskable_ppo, vectorized=True, single_env_only=False,
                   supports_masks=True, requires_mask_env=True, file_suffix=".zip",
                   sb3_policy=True, allowed_kwargs=_sb3_kwargs, env_discount=True),
+        AgentSpec("maskable_ppo_kl", _maskable_ppo_kl, vectorized=True, single_env_only=False,
+                  supports_masks=True, requires_mask_env=True, file_suffix=".zip",
+                  sb3_policy=True, allowed_kwargs=_ppo_kl_kwargs, env_discount=True,
+                  teacher_actions=True),
         AgentSpec("reinforce", _reinforce, vectorized=False, single_env_only=True,
                   supports_masks=True, requires_mask_env=False, file_suffix=".pt",
                   sb3_policy=False, allowed_kwargs=_reinforce_kwargs, env_discount=True),

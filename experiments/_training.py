@@ -106,20 +106,26 @@ def _check_train_cfg(cfg) -> None:
         check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
         from agents import agent_spec
 
-        if not agent_spec(cfg.agent.name).semi_mdp_replay:
-            raise ConfigError(f"train.imitation warm-starts the DQN variants (double_dqn, dqn); "
-                              f"agent {cfg.agent.name!r} cannot take demonstrations")
+        if not (agent_spec(cfg.agent.name).semi_mdp_replay or agent_spec(cfg.agent.name).teacher_actions):
+            raise ConfigError(f"train.imitation warm-starts the DQN variants (double_dqn, dqn) and names "
+                              f"maskable_ppo_kl's teacher; agent {cfg.agent.name!r} cannot take demonstrations")
         for key in ("episodes", "pretrain_steps", "margin_decay_episodes"):
             check_int(f"train.imitation.{key}", im.get(key), 1 if key == "episodes" else 0)
 
 
-def make_env(kw: dict, reward_scale: float = 1.0):
-    """One training env; the reward scaling wrapper is picklable (SubprocVecEnv-safe)."""
+def make_env(kw: dict, reward_scale: float = 1.0, teacher: str | None = None,
+             teacher_options: dict | None = None):
+    """One training env; the reward scaling wrapper is picklable (SubprocVecEnv-safe). With
+    ``teacher``: wrapped in ``agents.teacher_kl_ppo.TeacherAction`` (maskable_ppo_kl)."""
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
 
     env = gym.make("LLMCluster-v0", **kw)
+    if teacher is not None:
+        from agents.teacher_kl_ppo import TeacherAction
+
+        env = TeacherAction(env, teacher, teacher_options)
     if reward_scale != 1.0:
         env = gym.wrappers.TransformReward(env, functools.partial(operator.mul, float(reward_scale)))
     return env
@@ -266,8 +272,16 @@ def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir:
     else:
         from stable_baselines3.common.env_util import make_vec_env
 
-        env = make_vec_env(make_env, n_envs=int(cfg.train.n_envs), seed=int(cfg.seed),
-                           env_kwargs={"kw": kw, "reward_scale": scale})
+        env_kwargs = {"kw": kw, "reward_scale": scale}
+        if agent_spec(name).teacher_actions:
+            from llm_lb_gym._validate import ConfigError
+
+            im = to_container(cfg.train.get("imitation")) or {}
+            if im.get("teacher") is None:
+                raise ConfigError(f"agent {name} needs a teacher: set train.imitation.teacher (e.g. late_binding)")
+            env_kwargs.update(teacher=im["teacher"],
+                              teacher_options=im.get("teacher_options") or router_options(cfg, im["teacher"]))
+        env = make_vec_env(make_env, n_envs=int(cfg.train.n_envs), seed=int(cfg.seed), env_kwargs=env_kwargs)
         if cfg.train.normalize_reward:
             from stable_baselines3.common.vec_env import VecNormalize
 
@@ -284,6 +298,10 @@ def warm_start(agent, cfg, kw: dict, scale: float, episode_steps: int) -> dict |
     im = to_container(cfg.train.get("imitation")) or {}
     if im.get("teacher") is None:
         return None
+    from agents import agent_spec
+
+    if agent_spec(cfg.agent.name).teacher_actions:   # the teacher is in the env (build_agent)
+        return {"teacher": im["teacher"], "kl_penalty": True}
     from agents.imitation import collect_demonstrations
 
     t0 = time.perf_counter()
