@@ -277,7 +277,7 @@ def test_factory_defaults_and_plain_config_values():
 
 def test_factory_errors_list_the_choices():
     env = FakeClusterEnv()
-    with pytest.raises(ConfigError, match="unknown agent 'ddqn'; allowed: double_dqn, dqn, maskable_ppo, reinforce"):
+    with pytest.raises(ConfigError, match="unknown agent 'ddqn'; allowed: double_dqn, dqn, maskable_ppo, maskable_ppo_kl, reinforce"):
         make_agent("ddqn", env)
     with pytest.raises(ConfigError, match="unknown double_dqn agent option.*learning_rte.*allowed.*learning_rate"):
         make_agent("double_dqn", env, learning_rte=1e-3)
@@ -317,6 +317,6 @@ def test_agent_specs_match_what_the_agents_do(tmp_path):
         assert [p.name for p in tmp_path.glob(f"{name}*")] == [saved.name], name
         assert type(load_agent(name, saved)) is spec.load_class(), name
         assert not spec.single_env_only or not spec.vectorized, name
-    with pytest.raises(ConfigError, match="unknown agent 'ppo'; allowed: double_dqn, dqn, maskable_ppo, reinforce"):
+    with pytest.raises(ConfigError, match="unknown agent 'ppo'; allowed: double_dqn, dqn, maskable_ppo, maskable_ppo_kl, reinforce"):
         agent_spec("ppo")
 

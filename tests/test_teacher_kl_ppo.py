@@ -117,3 +117,21 @@ def test_bad_options_and_unwrapped_envs_are_named_errors():
     plain = make_vec_env(lambda: gym.make("LLMCluster-v0", **KW), n_envs=1, seed=0)
     with pytest.raises(ConfigError, match="TeacherAction"):
         make_agent("maskable_ppo_kl", plain, n_steps=16, batch_size=16).learn(16)
+
+
+def test_learned_router_ppo_trains_through_experiments_train_in_debug_size(tmp_path):
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from experiments._hydra import CONF_DIR
+    from experiments.train import train
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[
+            "experiment=[learned_router_ppo,debug]", "agent.kwargs.n_steps=64", "agent.kwargs.batch_size=32",
+            "agent.kwargs.bc_epochs=2", "train.total_timesteps=128", "eval.episodes=1"])
+    res = train(cfg, out=tmp_path)
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["imitation"] == {"teacher": "late_binding", "kl_penalty": True}
+    assert {r["policy"] for r in res["eval"]["rows"]} >= {"round_robin", "learned_router_ppo"}
