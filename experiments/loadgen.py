@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments._cli_args import key_values
+
 COLUMNS = (("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50 E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"),
            ("mean_ttft_s", "mean TTFT (s)"), ("p99_ttft_s", "p99 TTFT (s)"), ("mean_tbt_s", "mean TBT (s)"))
 
@@ -50,23 +52,13 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _kv(pairs):
-    import yaml
-
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep:
-            raise SystemExit(f"loadgen: {p!r} is not key=value")
-        out[k] = yaml.safe_load(v)
-    return out
 
 
 def workload_batch(args):
     from llm_lb_gym.workload import make_workload
 
     opts = {"max_context_tokens": args.context_tokens}
-    opts.update(_kv(args.workload_option))
+    opts.update(key_values(args.workload_option, "loadgen"))
     wl = make_workload(args.workload, **opts)
     return wl.sample(np.random.default_rng(args.seed), args.requests)
 
@@ -140,7 +132,7 @@ def main(argv=None) -> None:
     batch = workload_batch(args)
     routers = [r for r in args.routers.split(",") if r]
     per_router: dict[str, dict] = {}
-    for key, value in _kv(args.option).items():
+    for key, value in key_values(args.option, "loadgen").items():
         r, _, k = key.partition(".")
         per_router.setdefault(r, {})[k] = value
     out = Path(args.out)

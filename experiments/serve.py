@@ -60,7 +60,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--preset", default="llama2-7b-v100")
     r.add_argument("--decision-interval-s", type=float, default=0.02)
     r.add_argument("--poll-interval-s", type=float, default=0.25)
-    r.add_argument("--num-blocks", type=int, default=1887)
+    r.add_argument("--num-blocks", type=int, default=None,
+                   help="KV blocks per backend that does not export them (default: the preset's)")
     r.add_argument("--block-size", type=int, default=16)
     r.add_argument("--max-seqs", type=int, default=128)
     r.add_argument("--max-attempts", type=int, default=3)

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments._cli_args import key_values
+
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
 EXTRA_BODY = {"ignore_eos": True, "cache_prompt": False, "temperature": 0.0}
@@ -66,16 +68,6 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _kv(pairs) -> dict:
-    import yaml
-
-    out = {}
-    for p in pairs:
-        k, sep, v = p.partition("=")
-        if not sep:
-            raise SystemExit(f"sim_to_real: -w {p!r} is not key=value")
-        out[k] = yaml.safe_load(v)
-    return out
 
 
 def _rates(text: str) -> list[float]:
@@ -92,7 +84,7 @@ def sample(args, rate: float, slot_tokens: int):
     from llm_lb_gym.workload import make_workload
 
     opts = {"max_context_tokens": slot_tokens, "rate_rps": rate}
-    opts.update(_kv(args.workload_option if args.workload_option is not None else DEFAULT_WORKLOAD_OPTIONS))
+    opts.update(key_values(args.workload_option if args.workload_option is not None else DEFAULT_WORKLOAD_OPTIONS, "sim_to_real: -w"))
     return make_workload(args.workload, **opts).sample(np.random.default_rng(args.seed), args.requests)
 
 

@@ -50,8 +50,9 @@ class RouterServiceConfig:
     """Polled metrics older than this are ignored (the in-flight table alone is used)."""
     block_size: int = 16
     """KV block size assumed for backends that do not export it (llama.cpp)."""
-    num_blocks: int = 1887
-    """KV blocks assumed per backend that does not export them (default: the V100 preset's)."""
+    num_blocks: int | None = None
+    """KV blocks assumed per backend that does not export them; None: what the simulator's
+    hardware model gives ``preset`` at ``block_size`` (``kv_blocks``), the one place it is set."""
     max_seqs: int = 128
     """Batch slots per backend (late_binding releases only while one is free)."""
     max_attempts: int = 3
@@ -67,6 +68,15 @@ class RouterServiceConfig:
     """Upstream read timeout."""
     seed: int = 0
     """Seed of the router's generator (random, power_of_two)."""
+
+    @property
+    def kv_blocks(self) -> int:
+        """``num_blocks``, or the preset's KV blocks at ``block_size`` from the hardware model."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        from ..sim.config import EngineConfig
+
+        return EngineConfig(preset=self.preset, block_size=self.block_size).total_blocks
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -86,7 +96,8 @@ class RouterServiceConfig:
         check_range("poll_interval_s", self.poll_interval_s, 0.01, 600.0)
         check_range("stale_s", self.stale_s, 0.0, lo_open=True, allow_inf=True)
         check_int("block_size", self.block_size, 1)
-        check_int("num_blocks", self.num_blocks, 1)
+        if self.num_blocks is not None:
+            check_int("num_blocks", self.num_blocks, 1)
         check_int("max_seqs", self.max_seqs, 1)
         check_int("max_attempts", self.max_attempts, 1, 100)
         if not isinstance(self.assemble_upstream, bool):

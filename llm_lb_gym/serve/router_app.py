@@ -82,7 +82,7 @@ class RouterService:
         self.rng = np.random.default_rng(cfg.seed)
         self.table = ServiceTable()
         self.views = [BackendView(i, url.rstrip("/"), self.table, block_size=cfg.block_size,
-                                  num_blocks=cfg.num_blocks, max_seqs=cfg.max_seqs,
+                                  num_blocks=cfg.kv_blocks, max_seqs=cfg.max_seqs,
                                   latency=self.latency, stale_s=cfg.stale_s)
                       for i, url in enumerate(cfg.backends)]
         self._buckets = getattr(self.router, "buckets", None)
