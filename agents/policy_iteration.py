@@ -469,7 +469,7 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
             f"improve.teacher={cfg.teacher!r} with options {cfg.teacher_options} chose requests "
             f"the env's candidate actions cannot express in {skipped} of {decisions} decisions; "
             "set env.action.candidates >= 2 with env.action.order matching the teacher's order "
-            "(late_binding: order=shortest)")
+            "(late_binding: order=shortest; scored_binding: order=scored with action.order_weights from its options)")
     teacher_e2e = np.array([ep["metrics"]["mean_e2e_s"] for ep in teacher_val])
     net = make_net(layout, cfg, cfg.seed)
     history: list[dict] = []

@@ -41,6 +41,59 @@ def test_candidates_are_the_shortest_queued_requests_and_actions_address_them():
     assert env.action_for(list(env.cluster.queue).index(env.candidates[0]), 3) == 3
 
 
+def test_scored_order_follows_the_order_score_and_zero_weights_give_shortest():
+    from llm_lb_gym.routers.scored_binding import order_key
+
+    w = {"prompt_weight": 0.8, "age_per_s": 3.0}
+    scored = LLMClusterEnv(action={"candidates": 4, "order": "scored", "order_weights": w}, **BUSY)
+    assert scored.cfg.action.order_weights == {"age_per_s": 3.0, "prompt_weight": 0.8, "late_penalty": 0.0}
+    _fill_queue(scored)
+    c = scored.cluster
+    key = order_key(c.table, c.t, 3.0, 0.8, 0.0)
+    assert list(scored.candidates) == sorted(c.queue, key=key, reverse=True)[:4]
+    shortest = LLMClusterEnv(action={"candidates": 4, "order": "shortest"}, **BUSY)
+    _fill_queue(shortest)
+    assert list(scored.candidates) != list(shortest.candidates)   # the weights matter here
+    zero = LLMClusterEnv(action={"candidates": 4, "order": "scored"}, **BUSY)
+    _fill_queue(zero)
+    assert list(zero.candidates) == list(shortest.candidates)
+
+
+def test_scored_binding_first_choice_is_candidate_zero_under_its_own_order():
+    """Every release of scored_binding is expressible with order=scored and its weights (the
+    teacher of ``experiment=scored_teacher``); with order=shortest some are not."""
+    opts = {"period_s": 0.05, "reserve_frac": 1.0, "prompt_weight": 0.9, "age_per_s": 0.5,
+            "growth_frac": 1.0}
+    weights = {k: opts[k] for k in ("prompt_weight", "age_per_s")}
+    env = LLMClusterEnv(action={"candidates": 2, "order": "scored", "order_weights": weights},
+                        num_requests=300, arrival_rate_rps=60.0)
+    from llm_lb_gym.rollout import router_choice, start_episode, take_choice
+
+    teacher = make_env_router("scored_binding", env, **opts)
+    start_episode(env, teacher, 4)
+    routes = 0
+    while True:
+        choice = router_choice(env, teacher)
+        if choice is not None:
+            routes += 1
+            assert env.action_for(*choice) is not None and env.action_for(*choice) < env.m
+        *_, term, trunc, _ = take_choice(env, choice)
+        if term or trunc:
+            break
+    assert routes == 300
+
+
+@pytest.mark.parametrize("action,match", [
+    ({"order": "shortest", "order_weights": {"age_per_s": 1.0}}, "order_weights is for action.order=scored"),
+    ({"order": "scored", "order_weights": {"age": 1.0}}, "age.*allowed: age_per_s, late_penalty, prompt_weight"),
+    ({"order": "scored", "order_weights": {"prompt_weight": 9.0}}, "action.order_weights.prompt_weight"),
+    ({"order": "scored", "order_weights": [1.0]}, "must be a mapping"),
+])
+def test_scored_order_options_are_named_errors(action, match):
+    with pytest.raises(ConfigError, match=match):
+        LLMClusterEnv(action=action, **BUSY)
+
+
 def test_oldest_order_with_one_candidate_is_the_papers_head_of_line():
     a = LLMClusterEnv(**BUSY)
     b = LLMClusterEnv(action={"candidates": 1, "order": "oldest"}, **BUSY)
@@ -123,7 +176,7 @@ def test_router_teacher_guidance_is_zero_when_followed_and_negative_otherwise():
 
 @pytest.mark.parametrize("bad,match", [
     ({"action": {"candidates": 0}}, "action.candidates"),
-    ({"action": {"order": "longest"}}, "action.order.*allowed: oldest, shortest"),
+    ({"action": {"order": "longest"}}, "action.order.*allowed: oldest, shortest, scored"),
     ({"action": {"max_wait_s": 0}}, "action.max_wait_s"),
     ({"reward": {"teacher": "rr"}}, "reward.teacher.*allowed: mixing, round_robin"),
     ({"reward": {"teacher": "max_capacity", "teacher_options": {"periods": 1}}}, "periods.*allowed: period_s"),

@@ -53,11 +53,14 @@ TRACE_FIXTURES = {"azure": "tiny_azure.csv", "mooncake": "tiny_mooncake.jsonl",
 REQUIRED = {("workload", "trace"): [f"workload.path={FIXTURES / TRACE_FIXTURES['azure']}",
                                     "workload.format=azure"]}
 """Options whose config leaves values to the user (``???``): what a user would add."""
+STACKED = {("experiment", "scored_teacher"): "[v100_near_capacity,learned_router,scored_teacher]"}
+"""Experiments that only stack on a setting (they read its router options): composed so."""
 
 
 @pytest.mark.parametrize("group,option", CASES, ids=[f"{g}={o}" for g, o in CASES])
 def test_env_groups_compose_and_make_env(group, option):
-    cfg = _compose([f"{group}={option}", *REQUIRED.get((group, option), [])])
+    value = STACKED.get((group, option), option)
+    cfg = _compose([f"{group}={value}", *REQUIRED.get((group, option), [])])
     kw = env_kwargs(cfg)
     kw["num_requests"] = 40
     env, obs = _make_env_or_skip(kw)

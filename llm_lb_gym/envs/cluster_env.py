@@ -14,6 +14,7 @@ from gymnasium import spaces
 
 from .._validate import check_choice, reject_unexpected_keywords
 from ..routers.drive import decide
+from ..routers.scored_binding import order_key
 from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, next_decision_index, skip_to_decision
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
@@ -502,9 +503,15 @@ class LLMClusterEnv(gym.Env):
                 out.append(r)
             if len(out) == k:
                 return tuple(out)
-        inv = self.cluster.table.inv_ideal
+        if act.order == "scored":
+            w = act.order_weights or {}
+            key = order_key(self.cluster.table, self.cluster.t, w.get("age_per_s", 0.0),
+                            w.get("prompt_weight", 0.0), w.get("late_penalty", 0.0))
+        else:
+            inv = self.cluster.table.inv_ideal
+            key = lambda r: (inv[r], -r)   # noqa: E731
         skip = set(out)
-        rest = heapq.nlargest(k - len(out) + len(skip), q, key=lambda r: (inv[r], -r))
+        rest = heapq.nlargest(k - len(out) + len(skip), q, key=key)
         out += [r for r in rest if r not in skip][:k - len(out)]
         return tuple(out)
 

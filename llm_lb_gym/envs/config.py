@@ -8,7 +8,7 @@ ignored typo in an experiment config produces wrong numbers that look right.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Mapping
 
 from .._validate import (ConfigError, check_bool, check_choice, check_int, check_range,
                          reject_unknown)
@@ -24,7 +24,7 @@ DISCOUNTS = ("semi_mdp", "per_step")
 PENALTIES = ("paper", "latency")
 GUIDANCE_FORMS = ("weight", "hurl")
 MIXING_TEACHER = "mixing"
-ORDERS = ("oldest", "shortest")
+ORDERS = ("oldest", "shortest", "scored")
 MASKED = ("fallback", "as_taken")
 
 
@@ -138,8 +138,13 @@ class ActionConfig:
     candidate j to instance i; k * m defers). 1 with ``order=oldest`` is the paper's head of
     line; k > 1 makes late-binding order (which request goes next) learnable."""
     order: str = "oldest"
-    """Which queued requests are the candidates: ``oldest`` (arrival order) or ``shortest``
-    (smallest predicted ideal latency first, ties by arrival)."""
+    """Which queued requests are the candidates: ``oldest`` (arrival order), ``shortest``
+    (smallest predicted ideal latency first, ties by arrival) or ``scored`` (scored_binding's
+    order score with ``order_weights``: ``routers.scored_binding.order_key``)."""
+    order_weights: Mapping[str, float] | None = None
+    """With ``order=scored``: the score's weights (``age_per_s``, ``prompt_weight``,
+    ``late_penalty``; missing ones 0, so all-zero weights give ``shortest``). Set them from the
+    setting's ``eval.policy_options.scored_binding`` so the candidates follow the router's order."""
     max_wait_s: float | None = None
     """Starvation bound: requests waiting at the router longer than this become the first
     candidates, oldest first, whatever ``order`` says. None: no bound."""
@@ -166,6 +171,19 @@ class ActionConfig:
     def __post_init__(self) -> None:
         check_int("action.candidates", self.candidates, 1, 64)
         check_choice("action.order", self.order, ORDERS)
+        if self.order_weights is not None:
+            from ..routers.scored_binding import ORDER_WEIGHTS
+
+            if self.order != "scored":
+                raise ConfigError(f"action.order_weights is for action.order=scored; got order={self.order!r}")
+            if not isinstance(self.order_weights, Mapping):
+                raise ConfigError(f"action.order_weights={self.order_weights!r} must be a mapping "
+                                  f"with keys among {', '.join(ORDER_WEIGHTS)}")
+            weights = dict(self.order_weights)
+            reject_unknown("action.order_weights", weights, tuple(ORDER_WEIGHTS))
+            for name, value in weights.items():
+                check_range(f"action.order_weights.{name}", value, *ORDER_WEIGHTS[name])
+            object.__setattr__(self, "order_weights", {n: float(weights.get(n, 0.0)) for n in ORDER_WEIGHTS})
         if self.max_wait_s is not None:
             check_range("action.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
         check_bool("action.mask_idle_defer", self.mask_idle_defer)

@@ -42,6 +42,36 @@ from .base import work_left_tokens
 from .late_binding import ROUNDS, LateBinding, LateBindingOptions
 
 
+ORDER_WEIGHTS: dict[str, tuple[float, float]] = {
+    "age_per_s": (0.0, 100.0),
+    "prompt_weight": (-5.0, 5.0),
+    "late_penalty": (-50.0, 50.0),
+}
+"""The order score's weights and their allowed ranges: the router's options and the env's
+``action.order_weights`` (``order=scored`` candidates) share them."""
+
+
+def order_key(table, t: float, age_per_s: float, prompt_weight: float, late_penalty: float):
+    """The scored order of request ``r`` at time ``t`` (larger goes first): log of its inverse
+    predicted ideal latency, minus ``prompt_weight`` per nat of (1 + prompt tokens), plus
+    ``age_per_s`` per second waited, minus ``late_penalty`` once its TTFT deadline has passed
+    (only with SLOs on); ties to the older request. One definition for the router and for the
+    env's candidates, so a network over ``order=scored`` candidates sees scored_binding's first
+    choice as candidate 0."""
+    inv, arr, prompt = table.inv_ideal, table.arrival_s, table.prompt
+    late = late_penalty if table.slo_on else 0.0
+    dl = table.ttft_deadline_s
+
+    def key(r: int) -> tuple[float, int]:
+        wait = t - arr[r]
+        s = math.log(inv[r]) - prompt_weight * math.log1p(prompt[r]) + age_per_s * wait
+        if late and wait > dl[r]:
+            s -= late
+        return s, -r
+
+    return key
+
+
 @dataclass(frozen=True)
 class ScoredBindingOptions:
     """Defaults: late_binding's class defaults (shortest first, prompt reservation, 0.1 s rounds
@@ -80,9 +110,8 @@ class ScoredBindingOptions:
         if self.max_wait_s is not None:
             check_range(f"{p}.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
         check_range(f"{p}.reserve_frac", self.reserve_frac, 0.0, 1.0)
-        check_range(f"{p}.age_per_s", self.age_per_s, 0.0, 100.0)
-        check_range(f"{p}.prompt_weight", self.prompt_weight, -5.0, 5.0)
-        check_range(f"{p}.late_penalty", self.late_penalty, -50.0, 50.0)
+        for name, (lo, hi) in ORDER_WEIGHTS.items():
+            check_range(f"{p}.{name}", getattr(self, name), lo, hi)
         check_range(f"{p}.room_margin", self.room_margin, -1.0, 1.0)
         check_range(f"{p}.growth_frac", self.growth_frac, 0.0, 1.0)
         check_range(f"{p}.seq_cap_frac", self.seq_cap_frac, 0.0, 1.0, lo_open=True)
@@ -135,23 +164,14 @@ class ScoredBinding(LateBinding):
         q, tb, t = cluster.queue, cluster.table, cluster.t
         if o.max_wait_s is not None and q and t - tb.arrival_s[q[0]] > o.max_wait_s:
             return [0]
-        inv, arr, prompt = tb.inv_ideal, tb.arrival_s, tb.prompt
-        if q and not inv[q[0]] > 0.0:
+        if q and not tb.inv_ideal[q[0]] > 0.0:
             raise ValueError("router 'scored_binding' with order weights needs the requests' "
                              "predicted ideal latencies (table.inv_ideal, which the env fills; "
                              "drive.build_table leaves them 0)")
-        late = o.late_penalty if tb.slo_on else 0.0
-        dl = tb.ttft_deadline_s
-
-        def score(i: int) -> tuple[float, int]:
-            r = q[i]
-            wait = t - arr[r]
-            s = math.log(inv[r]) - o.prompt_weight * math.log1p(prompt[r]) + o.age_per_s * wait
-            if late and wait > dl[r]:
-                s -= late
-            return s, -r
-
-        return heapq.nlargest(1, (i for i in range(len(q)) if arr[q[i]] <= cutoff_s), key=score)
+        key = order_key(tb, t, o.age_per_s, o.prompt_weight, o.late_penalty)
+        arr = tb.arrival_s
+        return heapq.nlargest(1, (i for i in range(len(q)) if arr[q[i]] <= cutoff_s),
+                              key=lambda i: key(q[i]))
 
     def fits(self, cluster, room: int, need: int, i: int) -> bool:
         o = self.options
