@@ -129,7 +129,14 @@ def make_agent(
     kwargs.setdefault("device", "cpu")
     if policy_kwargs:
         kwargs["policy_kwargs"] = policy_kwargs
-    return cls(env=env, **kwargs)
+    model = cls(env=env, **kwargs)
+    if model.tensorboard_log is None and not model.verbose:
+        # Without this SB3 makes an empty /tmp/SB3-<time> folder at every learn() for log files
+        # it never writes (its logger with no outputs still needs a folder).
+        from stable_baselines3.common.logger import Logger
+
+        model.set_logger(Logger(folder=None, output_formats=[]))
+    return model
 
 
 def load_agent(name: str, path: str | Path, env: Any = None, **kwargs: Any) -> Any:

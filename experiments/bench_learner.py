@@ -63,6 +63,7 @@ def build_learner(seed: int = 0, overrides: tuple[str, ...] = ()):
     """(agent, env options, config) as ``experiments.train`` builds them for the learned router,
     with one demonstration episode set (see the module docstring)."""
     import torch
+    from stable_baselines3.common.logger import Logger
 
     from agents.imitation import collect_demonstrations
 
@@ -72,9 +73,10 @@ def build_learner(seed: int = 0, overrides: tuple[str, ...] = ()):
     rr = measure_round_robin(kw, seed)
     scale = auto_reward_scale(rr)
     episodes = int(cfg.train.episodes)
-    tb = Path(tempfile.mkdtemp(prefix="bench_learner_tb_"))
-    agent = build_agent(cfg, kw, episodes * int(rr["steps"]), int(rr["steps"]), tb, scale)
-    agent.tensorboard_log = None   # the timed loop writes no event files
+    with tempfile.TemporaryDirectory(prefix="bench_learner_tb_") as tb:
+        agent = build_agent(cfg, kw, episodes * int(rr["steps"]), int(rr["steps"]), Path(tb), scale)
+    agent.tensorboard_log = None   # the timed loop writes no event files (nor an SB3 temp folder)
+    agent.set_logger(Logger(folder=None, output_formats=[]))
     init_value_offset(agent, rr["return_mean"] * scale)
     im = to_container(cfg.train.imitation)
     demos = collect_demonstrations(make_env(kw), im["teacher"], 1, int(im["seed"]), reward_scale=scale,
