@@ -1,7 +1,8 @@
 """Train a router that improves on its teacher (policy iteration by simulation), then test it.
 
-    python -m experiments.improve                                    # near capacity, late_binding teacher
-    python -m experiments.improve 'experiment=[paper_v100_kv_limited,learned_router]'
+    python -m experiments.improve                                    # near capacity, scored_binding teacher
+    python -m experiments.improve 'experiment=[paper_v100_kv_limited,learned_router,scored_teacher]'
+    python -m experiments.improve 'experiment=[v100_near_capacity,learned_router]'   # late_binding teacher
     python -m experiments.improve improve.rounds=2 test.episodes=5   # shorter
 
 Runs :func:`agents.policy_iteration.policy_iteration` on the setting (``conf/improve.yaml``),

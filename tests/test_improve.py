@@ -257,6 +257,30 @@ def test_improve_entry_point_debug_size(tmp_path):
                                     "+improve.horizon=1"]), out=tmp_path / "bad2")
 
 
+def test_main_job_default_distils_the_settings_scored_binding(tmp_path):
+    """``llm-lb-gym improve`` as the README runs it: the teacher is the setting's searched
+    scored_binding, the env's candidates follow its order with its weights; a debug-size run
+    of that config (one round) works end to end and its round 0 is the teacher exactly."""
+    from experiments._hydra import to_container
+    from experiments.improve import improve
+    from experiments.reproduce import compose
+
+    cfg = compose("improve", [])
+    sb = to_container(cfg.eval.policy_options.scored_binding)
+    assert cfg.improve.teacher == "scored_binding" and to_container(cfg.improve.teacher_options) == sb
+    assert cfg.env.action.order == "scored" and cfg.env.action.max_wait_s == sb["max_wait_s"]
+    assert {k: v for k, v in to_container(cfg.env.action.order_weights).items()} == \
+           {k: sb[k] for k in ("age_per_s", "prompt_weight", "late_penalty")}
+    assert "scored_binding" in cfg.test.policies
+    small = compose("improve", ["experiment=[v100_near_capacity,learned_router,scored_teacher,debug]",
+                                "improve.rounds=1", "improve.episodes_per_round=1",
+                                "improve.max_labels_per_episode=3", "improve.label_every=3",
+                                "improve.validation_seeds=[500]", "improve.epochs=1", "improve.executor=inline",
+                                "test.episodes=1", "test.policies=[round_robin,scored_binding]", "progress=false"])
+    s = improve(small, out=tmp_path)["summary"]
+    assert s["history"][0]["val_vs_teacher_pct"] == 0.0
+
+
 def test_numpy_actor_matches_the_network():
     """The batch-1 numpy path chooses what the torch network chooses (same preferences up to the
     value and centring, which are constant over the actions)."""
