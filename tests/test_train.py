@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 # learned_router_ppo trains maskable_ppo_kl (no DQN options): tests/test_teacher_kl_ppo.py runs it
 EXPERIMENTS = sorted(p.stem for p in (Path(CONF_DIR) / "experiment").glob("*.yaml")
                      if p.stem not in ("debug", "learned_router_ppo"))
+STACKED = {"scored_teacher": "v100_near_capacity,learned_router,scored_teacher"}
+"""Experiments that only stack on a setting and a learned router (tests/test_configs.py too)."""
 SIM_TAGS = ("sim/mean_e2e_s", "sim/p99_e2e_s", "sim/mean_ttft_s", "sim/mean_tbt_s", "sim/preemptions",
             "sim/mean_router_wait_s")
 REWARD_TAGS = ("reward/penalty", "reward/completion", "reward/guidance", "reward/guidance_weight")
@@ -70,8 +72,10 @@ def _reloads_and_acts(cfg, model_path: Path) -> None:
 def test_experiment_trains_in_debug_size(experiment, tmp_path):
     from experiments.train import train
 
-    more = ["train.episodes=40"] if experiment == "learned_router" else []   # it holds requests: longer episodes
-    cfg = _compose("train", [f"experiment=[{experiment},debug]", "agent.kwargs.learning_starts=50", *more])
+    holds = experiment in ("learned_router", "scored_teacher")
+    more = ["train.episodes=40"] if holds else []   # it holds requests: longer episodes
+    cfg = _compose("train", [f"experiment=[{STACKED.get(experiment, experiment)},debug]",
+                             "agent.kwargs.learning_starts=50", *more])
     try:
         res = train(cfg, out=tmp_path)
     except FileNotFoundError as err:   # trace workloads read ../shared/data
