@@ -3,7 +3,7 @@
 Quick start::
 
     import gymnasium as gym, llm_lb_gym
-    from agents import make_agent, EpisodeMetricsCallback
+    from llm_lb_gym.agents import make_agent, EpisodeMetricsCallback
     env = gym.make("LLMCluster-v0")
     agent = make_agent("double_dqn", env, total_timesteps=200_000, episode_steps=5_000,
                        tensorboard_log="runs/")
@@ -15,15 +15,15 @@ from llm_lb_gym.extras import require
 # the agents are torch and Stable-Baselines3: say which extra installs them
 require("rl", "the agents package", modules=("torch", "stable_baselines3", "sb3_contrib"))
 
-from agents.base import Agent, accepts_action_masks, predict_action
-from agents.callbacks import EpisodeMetricsCallback, PeriodicEvalCallback
-from agents.double_dqn import DoubleDQN
-from agents.factory import AGENT_NAMES, agent_class, load_agent, make_agent
-from agents.heuristic_agent import HeuristicAgent
-from agents.nets import ACTIVATIONS, activation_class
-from agents.paper_defaults import PaperDQNDefaults, paper_kwargs
-from agents.registry import AGENTS, AgentSpec, agent_spec
-from agents.reinforce import REINFORCEAgent, REINFORCEConfig
+from llm_lb_gym.agents.base import Agent, accepts_action_masks, predict_action
+from llm_lb_gym.agents.callbacks import EpisodeMetricsCallback, PeriodicEvalCallback
+from llm_lb_gym.agents.double_dqn import DoubleDQN
+from llm_lb_gym.agents.factory import AGENT_NAMES, agent_class, load_agent, make_agent
+from llm_lb_gym.agents.heuristic_agent import HeuristicAgent
+from llm_lb_gym.agents.nets import ACTIVATIONS, activation_class
+from llm_lb_gym.agents.paper_defaults import PaperDQNDefaults, paper_kwargs
+from llm_lb_gym.agents.registry import AGENTS, AgentSpec, agent_spec
+from llm_lb_gym.agents.reinforce import REINFORCEAgent, REINFORCEConfig
 
 __all__ = [
     "ACTIVATIONS",

@@ -27,9 +27,9 @@ gradient step also draws a share of its batch from a fixed buffer of a teacher's
 and adds a large-margin loss on them, max_a [Q(s, a) + margin * (a != a_E)] - Q(s, a_E), whose
 weight decays linearly to zero, so a warm start from a good heuristic is kept while the TD loss
 takes over. :meth:`pretrain` runs such steps on the demonstrations alone (the behaviour-cloning
-warm start, ``agents.imitation``).
+warm start, ``llm_lb_gym.agents.imitation``).
 
-Speed (``python -m experiments.bench learner``): an update joins the replay and demonstration
+Speed (``python -m llm_lb_gym.experiments.bench learner``): an update joins the replay and demonstration
 samples into one batch (:meth:`DoubleDQN._update_loss`: three forward passes where the separate
 losses took seven, equal to them in value and gradient, tested); acting on one observation goes
 from the numpy array to the network without SB3's ``obs_to_tensor``, under
@@ -53,7 +53,7 @@ from torch.nn import functional as F
 
 from llm_lb_gym._validate import ConfigError
 
-from agents.replay import join_samples
+from llm_lb_gym.agents.replay import join_samples
 
 
 DEMO_LOSSES = ("ce", "margin")
@@ -66,7 +66,7 @@ class DoubleDQN(DQN):
 
     Constructor arguments are exactly SB3 ``DQN``'s. For the paper's hyperparameters (64-64 ReLU
     MLP, batch 512, no random exploration after episode 20) build the keywords with
-    :func:`agents.paper_defaults.paper_kwargs`.
+    :func:`llm_lb_gym.agents.paper_defaults.paper_kwargs`.
     """
 
     demo_buffer: Any = None
@@ -339,7 +339,7 @@ class DoubleDQN(DQN):
 
         SB3 sets the mode at every ``train`` and ``predict`` call and each call walks every
         submodule: 0.3 ms, 7% of the learned router's training time (pyinstrument), for
-        networks (SB3's MLPs, :class:`agents.equivariant.InstanceSetQ`) on which it changes
+        networks (SB3's MLPs, :class:`llm_lb_gym.agents.equivariant.InstanceSetQ`) on which it changes
         nothing."""
         if self._mode_matters() and self.policy.training != training:
             self.policy.set_training_mode(training)

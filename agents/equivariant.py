@@ -40,7 +40,7 @@ from torch import nn
 
 from llm_lb_gym._validate import ConfigError, check_int
 
-from agents.nets import activation_class, hidden_sizes, mlp
+from llm_lb_gym.agents.nets import activation_class, hidden_sizes, mlp
 
 LAYOUT_KEYS = ("global_dim", "num_candidates", "candidate_dim", "instance_dim")
 

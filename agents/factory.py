@@ -9,19 +9,19 @@ fails with the list of accepted names. Two conveniences on top:
   ``activation_fn`` (a string ``policy_kwargs.activation_fn`` is mapped too).
 - ``total_timesteps`` and ``episode_steps`` are schedule hints: the DQN variants use them to end
   epsilon-exploration at ``exploration_end_episode`` (paper: 20); other agents ignore them.
-- ``policy="equivariant"`` (``agents.equivariant``) picks the per-instance shared network for
+- ``policy="equivariant"`` (``llm_lb_gym.agents.equivariant``) picks the per-instance shared network for
   ``double_dqn``, ``dqn`` and ``maskable_ppo`` and passes it the env's observation layout;
   ``policy="mlp"`` (default) is SB3's MLP.
 - Every agent discounts each transition by the env's ``info["discount"]`` (spec
   ``env_discount``): off-policy agents store it in their replay
-  (``agents.replay.SemiMDPReplayBuffer``, spec ``semi_mdp_replay``), ``maskable_ppo`` in its
-  rollout buffer (``agents.maskable_ppo``), ``reinforce`` in its returns-to-go. Their discount
+  (``llm_lb_gym.agents.replay.SemiMDPReplayBuffer``, spec ``semi_mdp_replay``), ``maskable_ppo`` in its
+  rollout buffer (``llm_lb_gym.agents.maskable_ppo``), ``reinforce`` in its returns-to-go. Their discount
   is the env's ``reward.discount`` / ``reward.horizon_s`` / ``reward.gamma``, so ``gamma`` is
   refused as an agent option on ``LLMCluster-v0``.
 
 What differs between agents (accepted keywords, defaults, SB3 or not, mask needs) is read from
-their :class:`agents.registry.AgentSpec`: ``double_dqn`` and ``dqn`` start from the paper's
-settings (:mod:`agents.paper_defaults`) so the two differ only in the target; ``maskable_ppo``
+their :class:`llm_lb_gym.agents.registry.AgentSpec`: ``double_dqn`` and ``dqn`` start from the paper's
+settings (:mod:`llm_lb_gym.agents.paper_defaults`) so the two differ only in the target; ``maskable_ppo``
 and ``reinforce`` start from their own defaults. SB3 models are built on the CPU unless
 ``device`` says otherwise: these MLPs are too small to gain from a GPU.
 """
@@ -35,9 +35,9 @@ import numpy as np
 
 from llm_lb_gym._validate import ConfigError, reject_unknown
 
-from agents.equivariant import POLICY_NAMES, obs_layout_of, policy_for
-from agents.nets import activation_class, net_arch_value
-from agents.registry import AGENT_NAMES, agent_spec
+from llm_lb_gym.agents.equivariant import POLICY_NAMES, obs_layout_of, policy_for
+from llm_lb_gym.agents.nets import activation_class, net_arch_value
+from llm_lb_gym.agents.registry import AGENT_NAMES, agent_spec
 
 __all__ = ["AGENT_NAMES", "agent_class", "load_agent", "make_agent"]
 
@@ -122,7 +122,7 @@ def make_agent(
     elif "embed_dim" in policy_kwargs:
         raise ConfigError("embed_dim is an option of policy=equivariant")
     if spec.semi_mdp_replay and _semi_mdp_env(env):
-        from agents.replay import SemiMDPReplayBuffer
+        from llm_lb_gym.agents.replay import SemiMDPReplayBuffer
 
         kwargs.setdefault("replay_buffer_class", SemiMDPReplayBuffer)
     kwargs.setdefault("policy", "MlpPolicy")

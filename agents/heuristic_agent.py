@@ -1,4 +1,4 @@
-"""A hand-written routing rule behind the agent interface (:class:`agents.base.Agent`).
+"""A hand-written routing rule behind the agent interface (:class:`llm_lb_gym.agents.base.Agent`).
 
 :class:`HeuristicAgent` wraps ``policy(obs, info) -> action`` so heuristics run through the same
 evaluation code as learned agents.

@@ -30,7 +30,7 @@ class Demonstrations:
     """A teacher's transitions and what it achieved on the same episodes."""
 
     buffer: object
-    """``agents.replay.SemiMDPReplayBuffer`` with the transitions (rewards already scaled)."""
+    """``llm_lb_gym.agents.replay.SemiMDPReplayBuffer`` with the transitions (rewards already scaled)."""
     teacher: str
     episodes: int
     steps: int
@@ -56,7 +56,7 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
     """
     from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
 
-    from agents.replay import SemiMDPReplayBuffer
+    from llm_lb_gym.agents.replay import SemiMDPReplayBuffer
 
     check_int("imitation.episodes", episodes, 1)
     base = env.unwrapped

@@ -96,12 +96,12 @@ class SemiMDPMaskablePPO(MaskablePPO):
             f"maskable_ppo: the env discounts this step by {float(discounts.max()):.6g} (info['discount']), "
             f"its gamma is {self.gamma:g}, and rollout_buffer_class="
             f"{type(rollout_buffer).__name__} keeps one gamma; use the default buffer "
-            "(agents.maskable_ppo.SemiMDPRolloutBuffer), or make the env's discount constant and "
+            "(llm_lb_gym.agents.maskable_ppo.SemiMDPRolloutBuffer), or make the env's discount constant and "
             f"equal: reward.discount=per_step with reward.gamma={self.gamma:g}")
 
     def _before_act(self, env) -> dict:
         """Extra keywords for ``rollout_buffer.add`` read from ``env`` before the agent acts
-        (none here; ``agents.teacher_kl_ppo`` stores the teacher's action)."""
+        (none here; ``llm_lb_gym.agents.teacher_kl_ppo`` stores the teacher's action)."""
         return {}
 
     def collect_rollouts(self, env, callback, rollout_buffer, n_rollout_steps: int, use_masking: bool = True) -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 from llm_lb_gym._validate import check_int, check_range
 
-from agents.nets import activation_class, hidden_sizes
+from llm_lb_gym.agents.nets import activation_class, hidden_sizes
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class PaperDQNDefaults:
     net_arch: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the Q-network (paper: 64, 64)."""
     activation: str = "relu"
-    """Activation between hidden layers, by name (see ``agents.nets.ACTIVATIONS``)."""
+    """Activation between hidden layers, by name (see ``llm_lb_gym.agents.nets.ACTIVATIONS``)."""
     batch_size: int = 512
     """Replay minibatch size (paper: 512)."""
     exploration_end_episode: int = 20

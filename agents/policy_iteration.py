@@ -133,7 +133,7 @@ class PolicyIterationConfig:
 def make_net(layout: dict, cfg: PolicyIterationConfig, seed: int):
     """The equivariant network with its output layers at zero, so that with the teacher prior
     the initial policy *is* the teacher (round 0 needs no imitation)."""
-    from agents.equivariant import InstanceSetQ
+    from llm_lb_gym.agents.equivariant import InstanceSetQ
 
     th.manual_seed(seed)
     net = InstanceSetQ(layout, embed_dim=cfg.embed_dim, hidden=tuple(cfg.net_arch))
@@ -256,7 +256,7 @@ class NetPolicy:
     def load(cls, path) -> "NetPolicy":
         """A saved policy (``policy_iteration``'s ``best_policy.pt``); a missing or corrupt file
         is a ConfigError naming it."""
-        from agents.equivariant import InstanceSetQ
+        from llm_lb_gym.agents.equivariant import InstanceSetQ
 
         try:
             blob = th.load(path, map_location="cpu", weights_only=True)
@@ -552,7 +552,7 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
 # ----------------------------------------------------------------------------- deployment
 class DistilledAgent:
     """A saved policy-iteration network acting in an env, with the ``predict`` signature the
-    package's evaluation uses (``llm_lb_gym.rollout.rollout_agent``; ``experiments.evaluate``
+    package's evaluation uses (``llm_lb_gym.rollout.rollout_agent``; ``llm_lb_gym.experiments.evaluate``
     loads it as ``agents={name: {kind: distilled, path: best_policy.pt}}``).
 
     The policy needs the teacher's choice in the current state, so the agent holds the env it

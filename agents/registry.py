@@ -1,7 +1,7 @@
 """What sets each agent apart, as data: one :class:`AgentSpec` per name in :data:`AGENTS`.
 
-The factory (``make_agent``, ``load_agent``) and the experiments (``experiments.train``,
-``experiments.reproduce``) read the spec instead of comparing names: whether the agent trains on
+The factory (``make_agent``, ``load_agent``) and the experiments (``llm_lb_gym.experiments.train``,
+``llm_lb_gym.experiments.reproduce``) read the spec instead of comparing names: whether the agent trains on
 an SB3 VecEnv or on one gymnasium env, whether it needs an env with ``action_masks()``, its
 model file's suffix, which keywords it accepts and which defaults fill the rest. Adding an agent
 means its own file and one entry here.
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from llm_lb_gym._validate import lookup
 
-from agents.paper_defaults import PAPER_FIELDS, with_paper_defaults
+from llm_lb_gym.agents.paper_defaults import PAPER_FIELDS, with_paper_defaults
 
 PLAIN_POLICY_KWARGS = frozenset({"net_arch", "activation", "embed_dim"})
 """Top-level keywords the factory folds into an SB3 agent's ``policy_kwargs`` (``embed_dim``:
@@ -41,13 +41,13 @@ def _paper_dqn_kwargs(cls: type) -> frozenset[str]:
 def _reinforce_kwargs(cls: type) -> frozenset[str]:
     # The config's fields rather than the constructor's: config, observation_space and
     # action_space are for load(), not for a config file.
-    from agents.reinforce import CONFIG_FIELDS
+    from llm_lb_gym.agents.reinforce import CONFIG_FIELDS
 
     return CONFIG_FIELDS | {"seed", "tensorboard_log", "verbose"}
 
 
 def _double_dqn() -> type:
-    from agents.double_dqn import DoubleDQN
+    from llm_lb_gym.agents.double_dqn import DoubleDQN
 
     return DoubleDQN
 
@@ -60,13 +60,13 @@ def _dqn() -> type:
 
 def _maskable_ppo() -> type:
     # Imported on use: sb3_contrib pulls in several algorithms the DQN user does not need.
-    from agents.maskable_ppo import SemiMDPMaskablePPO
+    from llm_lb_gym.agents.maskable_ppo import SemiMDPMaskablePPO
 
     return SemiMDPMaskablePPO
 
 
 def _maskable_ppo_kl() -> type:
-    from agents.teacher_kl_ppo import TeacherKLMaskablePPO
+    from llm_lb_gym.agents.teacher_kl_ppo import TeacherKLMaskablePPO
 
     return TeacherKLMaskablePPO
 
@@ -77,7 +77,7 @@ def _ppo_kl_kwargs(cls: type) -> frozenset[str]:
 
 
 def _reinforce() -> type:
-    from agents.reinforce import REINFORCEAgent
+    from llm_lb_gym.agents.reinforce import REINFORCEAgent
 
     return REINFORCEAgent
 
@@ -109,14 +109,14 @@ class AgentSpec:
     """The keywords ``make_agent`` accepts, given the class; a typo fails with this list."""
     semi_mdp_replay: bool = False
     """An off-policy SB3 agent whose replay stores each transition's discount and next mask
-    (``agents.replay.SemiMDPReplayBuffer``): the discount then comes from the env
+    (``llm_lb_gym.agents.replay.SemiMDPReplayBuffer``): the discount then comes from the env
     (``reward.discount``, ``reward.horizon_s``), so ``gamma`` is not an agent option."""
     env_discount: bool = False
     """Discounts each transition by the env's ``info["discount"]`` (gamma_s ** dt in simulated
     time on ``LLMCluster-v0``): the discount is then the env's (``reward.discount``,
     ``reward.horizon_s``, ``reward.gamma``) and ``gamma`` is refused as an agent option there."""
     teacher_actions: bool = False
-    """Trains on envs wrapped in ``agents.teacher_kl_ppo.TeacherAction`` (the teacher router of
+    """Trains on envs wrapped in ``llm_lb_gym.agents.teacher_kl_ppo.TeacherAction`` (the teacher router of
     ``train.imitation.teacher``, with the setting's options), whose action it is penalised
     for leaving (``maskable_ppo_kl``)."""
     defaults: Callable[[dict[str, Any], int | None, int | None], dict[str, Any]] | None = None

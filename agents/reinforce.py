@@ -1,6 +1,6 @@
 """REINFORCE: an agent that does not come from Stable-Baselines3, a template for your own.
 
-An agent only needs the :class:`agents.base.Agent` methods (``learn``, ``predict``, ``save``,
+An agent only needs the :class:`llm_lb_gym.agents.base.Agent` methods (``learn``, ``predict``, ``save``,
 ``load``). :class:`REINFORCEAgent` is Monte-Carlo policy gradient in about a hundred lines of
 PyTorch, with a masked softmax over the actions (invalid actions get probability 0). It accepts
 SB3 callbacks, so ``EpisodeMetricsCallback`` logs its episodes to TensorBoard like any SB3 model.
@@ -22,7 +22,7 @@ from stable_baselines3.common.utils import configure_logger
 
 from llm_lb_gym._validate import ConfigError, check_int, check_range, reject_unknown
 
-from agents.nets import activation_class, hidden_sizes, mlp
+from llm_lb_gym.agents.nets import activation_class, hidden_sizes, mlp
 
 _FORMAT = "llm_lb_gym.REINFORCEAgent/1"
 
@@ -48,7 +48,7 @@ class REINFORCEConfig:
     net_arch: tuple[int, ...] = (64, 64)
     """Hidden layer widths of the policy MLP."""
     activation: str = "relu"
-    """Activation by name (see ``agents.nets.ACTIVATIONS``)."""
+    """Activation by name (see ``llm_lb_gym.agents.nets.ACTIVATIONS``)."""
 
     def __post_init__(self) -> None:
         check_range("learning_rate", self.learning_rate, 0.0, lo_open=True)

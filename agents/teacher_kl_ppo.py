@@ -8,7 +8,7 @@ equivariant actor-critic. Two additions:
   env action index, or -1 where the action space cannot express it (a queued request outside
   the candidates) or the mask forbids it (a hold on an idle cluster); ``reset`` and ``step``
   also put it, for the state they return, in ``info["teacher_action"]``. The teacher's choice
-  is the one ``agents.policy_iteration`` maps (``router_choice`` then ``env.action_for``).
+  is the one ``llm_lb_gym.agents.policy_iteration`` maps (``router_choice`` then ``env.action_for``).
 - :class:`TeacherKLMaskablePPO` reads the teacher's action before it acts (``env_method``, so
   any VecEnv works), keeps a_T in the rollout buffer next to the discounts, and adds to PPO's
   loss ``coef * mean(-log pi(a_T | s))`` over the steps with a_T >= 0: for a deterministic
@@ -33,7 +33,7 @@ from torch.nn import functional as F
 
 from llm_lb_gym._validate import ConfigError, check_int, check_range
 
-from agents.maskable_ppo import SemiMDPDictRolloutBuffer, SemiMDPMaskablePPO, SemiMDPRolloutBuffer
+from llm_lb_gym.agents.maskable_ppo import SemiMDPDictRolloutBuffer, SemiMDPMaskablePPO, SemiMDPRolloutBuffer
 
 
 class TeacherAction(gym.Wrapper):
@@ -152,8 +152,8 @@ class TeacherKLMaskablePPO(SemiMDPMaskablePPO):
         try:
             actions = env.env_method("teacher_action")
         except AttributeError as err:
-            raise ConfigError("maskable_ppo_kl needs envs wrapped in agents.teacher_kl_ppo.TeacherAction "
-                              "(experiments.train does it from train.imitation.teacher)") from err
+            raise ConfigError("maskable_ppo_kl needs envs wrapped in llm_lb_gym.agents.teacher_kl_ppo.TeacherAction "
+                              "(llm_lb_gym.experiments.train does it from train.imitation.teacher)") from err
         return {"teacher_actions": np.asarray(actions, dtype=np.int64)}
 
     def current_kl_coef(self) -> float:

@@ -1,7 +1,7 @@
-"""``python -m experiments COMMAND [ARGS...]``: the same dispatcher as ``llm-lb-gym``."""
+"""``python -m llm_lb_gym.experiments COMMAND [ARGS...]``: the same dispatcher as ``llm-lb-gym``."""
 
 import sys
 
-from experiments.cli import main
+from llm_lb_gym.experiments.cli import main
 
 sys.exit(main())

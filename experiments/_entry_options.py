@@ -1,4 +1,4 @@
-"""The options of ``experiments.evaluate`` (and of train's final evaluation, which runs it),
+"""The options of ``llm_lb_gym.experiments.evaluate`` (and of train's final evaluation, which runs it),
 checked before anything runs, the way ``gym.make`` checks env options: type, range and allowed
 values, each error naming the option.
 
@@ -14,14 +14,14 @@ from __future__ import annotations
 from llm_lb_gym._validate import (ConfigError, check_bool, check_choice, check_int, lookup,
                                   reject_unknown)
 
-from experiments._hydra import to_container
+from llm_lb_gym.experiments._hydra import to_container
 
 MAX_EPISODES = 1_000_000
 """Most evaluation episodes per policy (each is a full simulated episode)."""
 MAX_SEED = 2**63 - 1
 """Largest seed (episode i uses seed + i, a non-negative 64-bit integer for numpy)."""
 AGENT_KEYS = ("kind", "path", "env", "any_instances")
-"""Keys of one ``agents`` entry (see ``experiments._evaluation._load_agent``)."""
+"""Keys of one ``agents`` entry (see ``llm_lb_gym.experiments._evaluation._load_agent``)."""
 
 
 def _plain(node):
@@ -67,7 +67,7 @@ def check_policy_options(name: str, value) -> None:
 
 def check_agents(value) -> dict:
     """``{name: {kind, path, env?, any_instances?}}`` with a known kind."""
-    from agents.registry import AGENTS
+    from llm_lb_gym.agents.registry import AGENTS
 
     agents = _mapping("agents", value)
     for name, spec in agents.items():
@@ -77,7 +77,7 @@ def check_agents(value) -> dict:
         for key in ("kind", "path"):
             if spec.get(key) in (None, ""):
                 raise ConfigError(f"agents.{name}.{key} is missing; allowed keys: {', '.join(AGENT_KEYS)}")
-        lookup("agent kind", {**AGENTS, "distilled": None}, spec["kind"])   # distilled: agents.policy_iteration
+        lookup("agent kind", {**AGENTS, "distilled": None}, spec["kind"])   # distilled: llm_lb_gym.agents.policy_iteration
         if not isinstance(spec["path"], str):
             raise ConfigError(f"agents.{name}.path={spec['path']!r} must be a file path")
         if spec.get("env") is not None and not isinstance(spec["env"], dict):

@@ -1,5 +1,5 @@
 """Router comparison on identical seeded episodes (``evaluate(cfg)``) and its paired statistics
-(``paired_change``, ``summarize``): the library behind ``python -m experiments.evaluate``, used by
+(``paired_change``, ``summarize``): the library behind ``python -m llm_lb_gym.experiments.evaluate``, used by
 train, improve, reproduce, load_sweep and merge.
 
 Usage and outputs: ``experiments/evaluate.py``'s docstring (the command).
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._accounting import describe_workload, filter_note, loss_warning, row_filters
-from experiments._entry_options import check_evaluate_options
-from experiments._hydra import (all_router_options, env_kwargs, router_options, run_dir,
+from llm_lb_gym.experiments._accounting import describe_workload, filter_note, loss_warning, row_filters
+from llm_lb_gym.experiments._entry_options import check_evaluate_options
+from llm_lb_gym.experiments._hydra import (all_router_options, env_kwargs, router_options, run_dir,
                                 to_container, write_run_record)
-from experiments._progress import progress_bar, say
-from experiments._tables import TABLE_COLUMNS, paired_change, paired_difference, summarize  # noqa: F401  (re-exported)
+from llm_lb_gym.experiments._progress import progress_bar, say
+from llm_lb_gym.experiments._tables import TABLE_COLUMNS, paired_change, paired_difference, summarize  # noqa: F401  (re-exported)
 
 def plot_cdf(e2e: dict[str, np.ndarray], path: Path) -> None:
     import matplotlib
@@ -48,7 +48,7 @@ def plot_cdf(e2e: dict[str, np.ndarray], path: Path) -> None:
 def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     """Run every policy on the same seeded episodes; returns rows, table and output dir.
 
-    ``out``: where to write (default: the Hydra run directory); ``experiments.train`` passes a
+    ``out``: where to write (default: the Hydra run directory); ``llm_lb_gym.experiments.train`` passes a
     subfolder so the evaluation's record does not overwrite the training run's, and
     ``leave_bars=False`` so the bar of an inner evaluation is cleared when it ends."""
     import gymnasium as gym
@@ -129,11 +129,11 @@ def _load_agent(spec: dict, kw: dict, env):
     """A trained agent and the env it acts in. ``spec``: ``kind``, ``path``, and optionally
     ``env`` (env options that differ for this agent, e.g. the learned router's action and
     observation options; merged into the evaluation's) and ``any_instances`` (act through the
-    network on any instance count: ``agents.equivariant.SetPolicyActor``, for a model trained on
+    network on any instance count: ``llm_lb_gym.agents.equivariant.SetPolicyActor``, for a model trained on
     a different ``num_instances``). Requests, seeds and the cluster stay the evaluation's."""
     import gymnasium as gym
 
-    from agents.factory import load_agent
+    from llm_lb_gym.agents.factory import load_agent
 
     own = spec.get("env") or {}
     agent_env = env
@@ -142,12 +142,12 @@ def _load_agent(spec: dict, kw: dict, env):
         for key, value in own.items():
             merged[key] = {**(merged.get(key) or {}), **value} if isinstance(value, dict) else value
         agent_env = gym.make("LLMCluster-v0", **merged)
-    if spec.get("kind") == "distilled":     # agents.policy_iteration's network (best_policy.pt)
-        from agents.policy_iteration import DistilledAgent
+    if spec.get("kind") == "distilled":     # llm_lb_gym.agents.policy_iteration's network (best_policy.pt)
+        from llm_lb_gym.agents.policy_iteration import DistilledAgent
 
         return DistilledAgent.load(spec["path"], agent_env), agent_env
     if spec.get("any_instances"):
-        from agents.equivariant import SetPolicyActor
+        from llm_lb_gym.agents.equivariant import SetPolicyActor
 
         return SetPolicyActor(load_agent(spec["kind"], spec["path"])), agent_env
     return load_agent(spec["kind"], spec["path"], env=agent_env), agent_env

@@ -1,5 +1,5 @@
 """The figures of reproduce and load_sweep runs, drawn from the files a run wrote: the library
-behind ``python -m experiments.figures``, also called by reproduce, load_sweep and merge.
+behind ``python -m llm_lb_gym.experiments.figures``, also called by reproduce, load_sweep and merge.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._tables import paired_change
+from llm_lb_gym.experiments._tables import paired_change
 
 BASELINE = "round_robin"
 NON_NUMERIC = ("policy",)
 
 
 def read_results(path: Path) -> list[dict]:
-    """``results.csv`` of ``experiments.evaluate``, numbers as floats (``seed`` as int)."""
+    """``results.csv`` of ``llm_lb_gym.experiments.evaluate``, numbers as floats (``seed`` as int)."""
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):

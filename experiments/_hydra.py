@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-import conf as _conf_pkg
+import llm_lb_gym.conf as _conf_pkg
 
 CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 """conf/ is a package, so it is found from an editable install and from a wheel alike."""
@@ -19,7 +19,7 @@ CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 
 def hydra_main(config_name: str):
     """``@hydra.main`` on ``conf/<config_name>.yaml`` that first checks that the Hydra plugins
-    the command line selects are installed (``experiments._plugins``: the optional ones come
+    the command line selects are installed (``llm_lb_gym.experiments._plugins``: the optional ones come
     with an extra, and the error names it). Called with a config, it runs the task directly."""
     import hydra
 
@@ -41,7 +41,7 @@ def hydra_main(config_name: str):
         @functools.wraps(task)
         def main(cfg_passthrough=None):
             if cfg_passthrough is None:
-                from experiments._plugins import require_plugins
+                from llm_lb_gym.experiments._plugins import require_plugins
 
                 require_plugins(sys.argv[1:])
             return run(cfg_passthrough)
@@ -141,8 +141,8 @@ def write_run_record(out: Path, cfg, **extra) -> None:
     argv = job["argv"] if job else sys.argv
     script = Path(argv[0]) if argv else Path("?")
     if script.suffix == ".py" and script.parent.name == "experiments":   # run as python -m
-        command = " ".join(["python", "-m", f"experiments.{script.stem}"] + argv[1:])
-    elif argv and argv[0].startswith("llm-lb-gym "):   # experiments.cli sets argv[0]
+        command = " ".join(["python", "-m", f"llm_lb_gym.experiments.{script.stem}"] + argv[1:])
+    elif argv and argv[0].startswith("llm-lb-gym "):   # llm_lb_gym.experiments.cli sets argv[0]
         command = " ".join(argv)
     else:
         command = " ".join(["python"] + argv)

@@ -14,7 +14,7 @@ from typing import Callable, Iterable
 
 from omegaconf import OmegaConf
 
-from experiments._hydra import CONF_DIR
+from llm_lb_gym.experiments._hydra import CONF_DIR
 
 PLUGINS = {
     ("hydra/sweeper", "optuna"): ("sweep", ("hydra_plugins.hydra_optuna_sweeper", "optuna")),

@@ -42,7 +42,7 @@ def write_run_record(out_dir: Path, cfg, name: str) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (out_dir / f"{name}_command.txt").write_text(
-        " ".join(shlex.quote(a) for a in [sys.executable, "-m", f"experiments.{name}"] + sys.argv[1:]) + "\n")
+        " ".join(shlex.quote(a) for a in [sys.executable, "-m", f"llm_lb_gym.experiments.{name}"] + sys.argv[1:]) + "\n")
 
 
 def dump_json(data: dict, path: Path | None = None) -> str:

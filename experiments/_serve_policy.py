@@ -1,13 +1,13 @@
-"""A trained policy of an ``experiments.train`` run directory as a served router: shared by
-``python -m experiments.serve router --policy RUN_DIR`` and the serving benchmark."""
+"""A trained policy of an ``llm_lb_gym.experiments.train`` run directory as a served router: shared by
+``python -m llm_lb_gym.experiments.serve router --policy RUN_DIR`` and the serving benchmark."""
 
 from __future__ import annotations
 
-from experiments._hydra import env_kwargs
+from llm_lb_gym.experiments._hydra import env_kwargs
 
 
 def load_policy(run_dir: str, model_file: str, cfg):
-    """The trained policy of an ``experiments.train`` run directory as a router (CPU); a
+    """The trained policy of an ``llm_lb_gym.experiments.train`` run directory as a router (CPU); a
     missing or unreadable file is a ConfigError naming it."""
     from pathlib import Path
 
@@ -20,7 +20,7 @@ def load_policy(run_dir: str, model_file: str, cfg):
     cfg_path, model_path = d / "resolved_config.yaml", d / model_file
     for p in (cfg_path, model_path):
         if not p.is_file():
-            raise ConfigError(f"--policy: {p} does not exist (give an experiments.train run directory "
+            raise ConfigError(f"--policy: {p} does not exist (give an llm_lb_gym.experiments.train run directory "
                               f"holding resolved_config.yaml and {model_file})")
     if (d / "vecnormalize.pkl").exists():
         raise ConfigError(f"--policy: {d} was trained with VecNormalize, which the service does not apply")
@@ -42,7 +42,7 @@ def load_policy(run_dir: str, model_file: str, cfg):
     try:
         import torch
 
-        from agents.factory import load_agent
+        from llm_lb_gym.agents.factory import load_agent
 
         torch.set_num_threads(1)
         agent = load_agent(kind, str(model_path))

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
+from llm_lb_gym.experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
 
 TABLE_COLUMNS = (
     ("mean_e2e_s", "mean E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"), ("mean_ttft_s", "mean TTFT (s)"),

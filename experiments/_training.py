@@ -1,4 +1,4 @@
-"""The training pipeline behind ``python -m experiments.train`` (``train(cfg)``), shared with
+"""The training pipeline behind ``python -m llm_lb_gym.experiments.train`` (``train(cfg)``), shared with
 ``reproduce`` and the learner benchmark, which call it without going through the entry point.
 
 Why the pieces are as they are:
@@ -12,8 +12,8 @@ Why the pieces are as they are:
   picking the best checkpoint does not peek at the test episodes.
 - The return must mean something in simulated time. ``LLMCluster-v0`` reports each step's
   discount (``info["discount"]``: gamma_s ** dt under the default ``reward.discount=semi_mdp``),
-  and every agent uses it per transition (the DQN variants' ``agents.replay.SemiMDPReplayBuffer``,
-  ``maskable_ppo``'s GAE in ``agents.maskable_ppo``, ``reinforce``'s returns-to-go), so the
+  and every agent uses it per transition (the DQN variants' ``llm_lb_gym.agents.replay.SemiMDPReplayBuffer``,
+  ``maskable_ppo``'s GAE in ``llm_lb_gym.agents.maskable_ppo``, ``reinforce``'s returns-to-go), so the
   horizon is ``reward.horizon_s`` seconds whatever the number of routing steps in between.
 - The reward's scale depends on the load by orders of magnitude (the in-system penalty sums
   over every request in the system). ``train.reward_scale: auto`` (default) fixes one scale per
@@ -28,7 +28,7 @@ Why the pieces are as they are:
   that trains on a plain env rather than a VecEnv (``reinforce``) standardises its returns
   itself. ``info["reward_components"]`` and TensorBoard's ``reward/*`` stay raw.
 - ``train.imitation.teacher`` warm-starts the DQN variants from a registered router
-  (``agents.imitation``): its transitions are collected on seeds of their own, the network is
+  (``llm_lb_gym.agents.imitation``): its transitions are collected on seeds of their own, the network is
   pretrained on them (TD + DQfD's large margin), and they stay in every update with a margin
   weight that decays over ``margin_decay_episodes``.
 """
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments._accounting import describe_workload, filter_note, row_filters
-from experiments._entry_options import MAX_SEED, check_evaluate_options
-from experiments._evaluation import evaluate
-from experiments._hydra import env_kwargs, router_options, run_dir, to_container, write_run_record
-from experiments._progress import TrainingProgressCallback, say
-from experiments._tables import paired_change
+from llm_lb_gym.experiments._accounting import describe_workload, filter_note, row_filters
+from llm_lb_gym.experiments._entry_options import MAX_SEED, check_evaluate_options
+from llm_lb_gym.experiments._evaluation import evaluate
+from llm_lb_gym.experiments._hydra import env_kwargs, router_options, run_dir, to_container, write_run_record
+from llm_lb_gym.experiments._progress import TrainingProgressCallback, say
+from llm_lb_gym.experiments._tables import paired_change
 
 FINAL_MODELS = ("best", "last")
 VALIDATION_STEP_FACTOR = 10
@@ -67,7 +67,7 @@ def _check_train_cfg(cfg) -> None:
     t = cfg.train
     from llm_lb_gym._validate import ConfigError
 
-    from agents import agent_spec
+    from llm_lb_gym.agents import agent_spec
 
     if t.final_model not in FINAL_MODELS:
         raise ConfigError(f"train.final_model={t.final_model!r}; allowed: {', '.join(FINAL_MODELS)}")
@@ -104,7 +104,7 @@ def _check_train_cfg(cfg) -> None:
         from llm_lb_gym.routers.registry import ROUTERS
 
         check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
-        from agents import agent_spec
+        from llm_lb_gym.agents import agent_spec
 
         if not (agent_spec(cfg.agent.name).semi_mdp_replay or agent_spec(cfg.agent.name).teacher_actions):
             raise ConfigError(f"train.imitation warm-starts the DQN variants (double_dqn, dqn) and names "
@@ -116,14 +116,14 @@ def _check_train_cfg(cfg) -> None:
 def make_env(kw: dict, reward_scale: float = 1.0, teacher: str | None = None,
              teacher_options: dict | None = None):
     """One training env; the reward scaling wrapper is picklable (SubprocVecEnv-safe). With
-    ``teacher``: wrapped in ``agents.teacher_kl_ppo.TeacherAction`` (maskable_ppo_kl)."""
+    ``teacher``: wrapped in ``llm_lb_gym.agents.teacher_kl_ppo.TeacherAction`` (maskable_ppo_kl)."""
     import gymnasium as gym
 
     import llm_lb_gym  # noqa: F401
 
     env = gym.make("LLMCluster-v0", **kw)
     if teacher is not None:
-        from agents.teacher_kl_ppo import TeacherAction
+        from llm_lb_gym.agents.teacher_kl_ppo import TeacherAction
 
         env = TeacherAction(env, teacher, teacher_options)
     if reward_scale != 1.0:
@@ -254,7 +254,7 @@ class Validator:
 
 
 def _model_file(agent_name: str, stem: str) -> str:
-    from agents import agent_spec
+    from llm_lb_gym.agents import agent_spec
 
     return stem + agent_spec(agent_name).file_suffix
 
@@ -263,7 +263,7 @@ def build_agent(cfg, kw: dict, total_timesteps: int, episode_steps: int, tb_dir:
                 scale: float = 1.0):
     """The agent of ``cfg.agent`` on its training env(s): a VecEnv if its spec is ``vectorized``
     (SB3), one env otherwise; rewards multiplied by ``scale``."""
-    from agents import agent_spec, make_agent
+    from llm_lb_gym.agents import agent_spec, make_agent
 
     name = cfg.agent.name
     agent_kw = dict(to_container(cfg.agent.get("kwargs")) or {})
@@ -298,11 +298,11 @@ def warm_start(agent, cfg, kw: dict, scale: float, episode_steps: int) -> dict |
     im = to_container(cfg.train.get("imitation")) or {}
     if im.get("teacher") is None:
         return None
-    from agents import agent_spec
+    from llm_lb_gym.agents import agent_spec
 
     if agent_spec(cfg.agent.name).teacher_actions:   # the teacher is in the env (build_agent)
         return {"teacher": im["teacher"], "kl_penalty": True}
-    from agents.imitation import collect_demonstrations
+    from llm_lb_gym.agents.imitation import collect_demonstrations
 
     t0 = time.perf_counter()
     teacher_options = im.get("teacher_options") or router_options(cfg, im["teacher"])
@@ -356,12 +356,12 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     ``leave_bars=False`` clears the progress bar when training ends (``reproduce`` runs many).
 
     Returns a dict with ``out`` (run directory), ``model_path`` (the evaluated model),
-    ``eval`` (what :func:`experiments._evaluation.evaluate` returned), ``history`` (per-episode
+    ``eval`` (what :func:`llm_lb_gym.experiments._evaluation.evaluate` returned), ``history`` (per-episode
     training metrics), ``validation`` (periodic evaluations) and wall times.
     """
     import torch
 
-    from agents import EpisodeMetricsCallback, PeriodicEvalCallback
+    from llm_lb_gym.agents import EpisodeMetricsCallback, PeriodicEvalCallback
     from llm_lb_gym.envs.builders import build_workload
 
     torch.set_num_threads(1)

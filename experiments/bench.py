@@ -1,14 +1,14 @@
 """Speed and memory of the simulator and of LLMCluster-v0, as printed figures.
 
-    python -m experiments.bench            # both parts
-    python -m experiments.bench sim        # 20,000 requests, 4 instances, near capacity
-    python -m experiments.bench env        # env steps/s on the default config
-    LLM_LB_GYM_PURE_PYTHON=1 python -m experiments.bench env   # the same without the compiled engine
-    python -m experiments.bench prefix     # both with engine.enable_prefix_caching on
-    python -m experiments.bench mixed      # both on a mixed cluster (2 x A100 + 2 x V100)
-    python -m experiments.bench learner    # Double DQN training speed on the learned router
-    python -m experiments.bench env --save-baseline   # make these figures the saved baseline
-    python -m experiments.bench pair --against ../old  # env step here vs another checkout, alternating
+    python -m llm_lb_gym.experiments.bench            # both parts
+    python -m llm_lb_gym.experiments.bench sim        # 20,000 requests, 4 instances, near capacity
+    python -m llm_lb_gym.experiments.bench env        # env steps/s on the default config
+    LLM_LB_GYM_PURE_PYTHON=1 python -m llm_lb_gym.experiments.bench env   # the same without the compiled engine
+    python -m llm_lb_gym.experiments.bench prefix     # both with engine.enable_prefix_caching on
+    python -m llm_lb_gym.experiments.bench mixed      # both on a mixed cluster (2 x A100 + 2 x V100)
+    python -m llm_lb_gym.experiments.bench learner    # Double DQN training speed on the learned router
+    python -m llm_lb_gym.experiments.bench env --save-baseline   # make these figures the saved baseline
+    python -m llm_lb_gym.experiments.bench pair --against ../old  # env step here vs another checkout, alternating
 
 Baseline: every run prints each speed figure's ratio to the one saved in
 ``experiments/bench_baseline.json`` (committed; per part, labelled with the package version, the
@@ -67,7 +67,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._hydra import compose, env_kwargs
+from llm_lb_gym.experiments._hydra import compose, env_kwargs
 
 MIXED_INSTANCES = ({"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2})
 BASELINE_PATH = Path(__file__).with_name("bench_baseline.json")
@@ -207,7 +207,7 @@ def bench_prefix(n: int, episodes: int, rate: float = 6.0, seed: int = 0) -> dic
 def env_speed(episodes: int = 1, seed: int = 0) -> dict:
     """The env's own steps per second on the learned router's options (round-robin actions):
     the env's share of ``bench learner``'s training loop, measured on the same options."""
-    from experiments.bench_learner import EXPERIMENT   # needs the rl extra
+    from llm_lb_gym.experiments.bench_learner import EXPERIMENT   # needs the rl extra
 
     kw = env_kwargs(compose("train", [EXPERIMENT]))
     r = bench_env(episodes, seed=seed, policies=("round_robin",), **kw)
@@ -428,14 +428,14 @@ def main(argv=None) -> None:
     print(f"llm_lb_gym {__version__}, python {facts['python']} on {facts['cpu']} ({facts['cores']} cores), "
           f"OMP_NUM_THREADS={facts['omp_num_threads']}, one process, engine: {facts['engine']}, "
           f"load average (1 min) at start: {facts['load_average_1min_at_start']:.2f}")
-    command = "python -m experiments.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m llm_lb_gym.experiments.bench " + " ".join(sys.argv[1:] if argv is None else argv)
     rep = Report(args.baseline, args.tolerance, command.strip(), facts)
     if args.part in ("all", "sim"):
         rep.section("simulator", "simulator", bench_sim(args.requests, args.rate), digits=3)
     if args.part in ("all", "env"):
         rep.section("LLMCluster-v0 (default config)", "env", bench_env(args.episodes))
     if args.part == "learner":
-        from experiments.bench_learner import bench_learner   # needs the rl extra
+        from llm_lb_gym.experiments.bench_learner import bench_learner   # needs the rl extra
 
         r = bench_learner(args.learner_steps, args.learner_warmup, overrides=tuple(args.learner_overrides))
         rep.section("Double DQN training, learned router", "learner", r)

@@ -1,10 +1,10 @@
 """How fast Double DQN trains the learned router, next to the env's own speed.
 
-    python -m experiments.bench learner                 # 3,000 steps after 500 of warm-up
-    python -m experiments.bench learner --learner-steps 10000
-    python -m experiments.bench learner --learner-overrides agent.kwargs.batch_size=64
+    python -m llm_lb_gym.experiments.bench learner                 # 3,000 steps after 500 of warm-up
+    python -m llm_lb_gym.experiments.bench learner --learner-steps 10000
+    python -m llm_lb_gym.experiments.bench learner --learner-overrides agent.kwargs.batch_size=64
 
-The agent is the one ``python -m experiments.train 'experiment=[v100_near_capacity,learned_router]'``
+The agent is the one ``python -m llm_lb_gym.experiments.train 'experiment=[v100_near_capacity,learned_router]'``
 builds (the permutation-equivariant network, batch 256, one update every 4 env steps, the
 semi-MDP replay), with one episode of ``late_binding`` demonstrations mixed into every update as
 in that run (the run collects three; the count only changes which rows are drawn, not the work
@@ -19,7 +19,7 @@ Where the time goes is measured around the agent's own methods during the timed 
 ``step_wait`` (the env); the rest is Stable-Baselines3's loop (replay insertion, callbacks,
 bookkeeping). Figures are per wall second and per CPU second of this process (on a shared
 machine the CPU figure is the stable one). The env's own speed is measured on the same env
-options with round-robin actions (:func:`experiments.bench.bench_env`).
+options with round-robin actions (:func:`llm_lb_gym.experiments.bench.bench_env`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from experiments._hydra import compose, env_kwargs, to_container
-from experiments._training import auto_reward_scale, build_agent, init_value_offset, make_env, measure_round_robin
+from llm_lb_gym.experiments._hydra import compose, env_kwargs, to_container
+from llm_lb_gym.experiments._training import auto_reward_scale, build_agent, init_value_offset, make_env, measure_round_robin
 
 EXPERIMENT = "experiment=[v100_near_capacity,learned_router]"
 PARTS = {"train": "gradient updates", "_sample_action": "action selection", "step_wait": "env steps"}
@@ -60,12 +60,12 @@ def _timed(owner, name: str, totals: dict[str, list[float]]) -> None:
 
 
 def build_learner(seed: int = 0, overrides: tuple[str, ...] = ()):
-    """(agent, env options, config) as ``experiments.train`` builds them for the learned router,
+    """(agent, env options, config) as ``llm_lb_gym.experiments.train`` builds them for the learned router,
     with one demonstration episode set (see the module docstring)."""
     import torch
     from stable_baselines3.common.logger import Logger
 
-    from agents.imitation import collect_demonstrations
+    from llm_lb_gym.agents.imitation import collect_demonstrations
 
     torch.set_num_threads(1)
     cfg = compose("train", [EXPERIMENT, f"seed={seed}", *overrides])

@@ -1,8 +1,8 @@
 """Cost and benefit of the lookahead router, as printed figures.
 
-    python -m experiments.bench_lookahead                       # 3 regimes, defaults, 3 seeds
-    python -m experiments.bench_lookahead --regimes near --horizons 5 10 30 --bases least_requests round_robin
-    python -m experiments.bench_lookahead --requests 300 --seeds 1   # a quick look
+    python -m llm_lb_gym.experiments.bench_lookahead                       # 3 regimes, defaults, 3 seeds
+    python -m llm_lb_gym.experiments.bench_lookahead --regimes near --horizons 5 10 30 --bases least_requests round_robin
+    python -m llm_lb_gym.experiments.bench_lookahead --requests 300 --seeds 1   # a quick look
 
 For each regime, round robin and each lookahead setting run the same seeded episodes
 (``rollout_router(env, router, seed)``, seeds 1000, 1001, ...: identical requests and

@@ -1,8 +1,8 @@
 """CPU latency of saved bucket predictors per batch of held-out prompts (default 64), measured.
 
-    python -m experiments.bench_predictor_latency artifacts/predictor/transformer-time4 \\
+    python -m llm_lb_gym.experiments.bench_predictor_latency artifacts/predictor/transformer-time4 \\
         artifacts/predictor/light-time4 [--repeats 20] [--threads 2] [--reference]
-    python -m experiments.bench_predictor_latency \\
+    python -m llm_lb_gym.experiments.bench_predictor_latency \\
         artifacts/predictor/transformer-time4@runtime=torch artifacts/predictor/transformer-time4
 
 ``PATH@key=value,...`` loads a transformer with inference overrides (runtime, quantize,

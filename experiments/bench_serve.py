@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from experiments._serve_policy import load_policy
+from llm_lb_gym.experiments._serve_policy import load_policy
 
 BODY = {"model": "sim-model", "prompt": "a b c d", "max_tokens": 1}
 
@@ -61,7 +61,7 @@ def start(args, router: str):
         procs.append(spawn_sim_backend(port, "--time-scale", "100000"))
         urls.append(f"http://127.0.0.1:{port}")
     port = free_port()
-    cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port)]
+    cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port)]
     cmd += ["--policy", args.policy] if router == "learned" else ["--router", router]
     if not args.assemble_upstream:
         cmd.append("--no-assemble-upstream")
@@ -181,7 +181,7 @@ def main(argv=None) -> None:
                     help="the router passes non-streamed requests through instead of assembling them "
                          "from upstream streams (compare the two paths' cost)")
     ap.add_argument("--decisions", type=int, default=2000, help="in-process decision-time samples")
-    ap.add_argument("--policy", default=None, help="experiments.train run dir (for --backends "
+    ap.add_argument("--policy", default=None, help="llm_lb_gym.experiments.train run dir (for --backends "
                     "instances): adds a 'learned' router row")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from llm_lb_gym.extras import require

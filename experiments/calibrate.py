@@ -1,7 +1,7 @@
 """Calibrate the iteration-time model against Vidur's GPU profiles; fit the V100 preset.
 
 The fit itself is ``llm_lb_gym/calibration/calibrate.py`` (its module docstring says how and why).
-Run: ``python -m experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W] [--bound]``.
+Run: ``python -m llm_lb_gym.experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W] [--bound]``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fit the roofline efficiency factors on the profiled GPUs; print errors and the preset catalog.
 
 The fit itself is ``llm_lb_gym/calibration/calibrate_hardware.py`` (its module docstring says how and why).
-Run: ``python -m experiments.calibrate_hardware [--data-dir DIR] [--no-table]``.
+Run: ``python -m llm_lb_gym.experiments.calibrate_hardware [--data-dir DIR] [--no-table]``.
 """
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ server; the preset (``smollm2-135m-llamacpp-cpu`` in ``sim/latency.py``) holds t
 rounded coefficients.
 
 Run:
-    python -m experiments.calibrate_llamacpp profile --llama-server PATH --gguf PATH [--out CSV]
-    python -m experiments.calibrate_llamacpp fit [CSV]
+    python -m llm_lb_gym.experiments.calibrate_llamacpp profile --llama-server PATH --gguf PATH [--out CSV]
+    python -m llm_lb_gym.experiments.calibrate_llamacpp fit [CSV]
 """
 
 from __future__ import annotations

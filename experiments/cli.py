@@ -2,7 +2,7 @@
 
 Each command is a module of this package, and its arguments go to it unchanged (Hydra
 overrides, or the options of the argparse commands), so ``llm-lb-gym train reward=baseline``
-runs ``python -m experiments.train reward=baseline``; ``llm-lb-gym train --help`` shows Hydra's
+runs ``python -m llm_lb_gym.experiments.train reward=baseline``; ``llm-lb-gym train --help`` shows Hydra's
 help for it. Commands are also accepted with dashes (``load-sweep``).
 """
 
@@ -27,7 +27,7 @@ COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "ca
 def summary(command: str) -> str:
     """The first line of the command module's docstring, read without importing it (the
     commands import torch and SB3; ``--help`` should not)."""
-    spec = importlib.util.find_spec(f"experiments.{command}")
+    spec = importlib.util.find_spec(f"llm_lb_gym.experiments.{command}")
     with open(spec.origin, encoding="utf-8") as f:
         doc = ast.get_docstring(ast.parse(f.read())) or ""
     return doc.strip().splitlines()[0].replace("``", "") if doc.strip() else ""
@@ -36,7 +36,7 @@ def summary(command: str) -> str:
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = [f"usage: {PROG} COMMAND [ARGS...]", "",
-             "Runs python -m experiments.COMMAND with ARGS (Hydra overrides such as",
+             "Runs python -m llm_lb_gym.experiments.COMMAND with ARGS (Hydra overrides such as",
              "experiment=debug env.arrival_rate_rps=40, or the command's own options);",
              f"'{PROG} COMMAND --help' shows the command's help.", "", "commands:"]
     lines += [f"  {c:<{width}}  {summary(c)}" for c in COMMANDS]
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = sys.argv
     sys.argv = [f"{PROG} {command}", *args[1:]]   # argparse's prog, and the run record's command
     try:
-        importlib.import_module(f"experiments.{command}").main()
+        importlib.import_module(f"llm_lb_gym.experiments.{command}").main()
     except ModuleNotFoundError as exc:   # a core-only install: name the extra, skip the traceback
         message = missing_extra_message(exc)
         if message is None:

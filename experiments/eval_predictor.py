@@ -1,7 +1,7 @@
 """Evaluate a saved bucket predictor on any JSONL corpus of the same fields; print JSON.
 
-    python -m experiments.eval_predictor model=artifacts/predictor/transformer-time4
-    python -m experiments.eval_predictor model=... data.path=other.jsonl data.split=all
+    python -m llm_lb_gym.experiments.eval_predictor model=artifacts/predictor/transformer-time4
+    python -m llm_lb_gym.experiments.eval_predictor model=... data.path=other.jsonl data.split=all
 
 Reports accuracy, balanced accuracy, macro-F1, per-task accuracy, the confusion matrix and
 the CPU latency per batch of 64, for the model and for the baselines on the same rows:
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments._hydra import hydra_main
-from experiments._predictor_common import dump_json, repo_path, set_threads
+from llm_lb_gym.experiments._hydra import hydra_main
+from llm_lb_gym.experiments._predictor_common import dump_json, repo_path, set_threads
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.data import load_any
 from llm_lb_gym.predictor.card import ModelCard

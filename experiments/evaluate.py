@@ -1,8 +1,8 @@
 """Compare routers (heuristics and trained agents) on identical seeded episodes.
 
-    python -m experiments.evaluate                       # all eleven heuristics, default env
-    python -m experiments.evaluate episodes=20 env.arrival_rate_rps=40
-    python -m experiments.evaluate experiment=paper_v100 'agents={wg_rl: {kind: double_dqn, path: runs/x/model.zip}}'
+    python -m llm_lb_gym.experiments.evaluate                       # all eleven heuristics, default env
+    python -m llm_lb_gym.experiments.evaluate episodes=20 env.arrival_rate_rps=40
+    python -m llm_lb_gym.experiments.evaluate experiment=paper_v100 'agents={wg_rl: {kind: double_dqn, path: runs/x/model.zip}}'
 
 Writes ``results.csv`` (one row per policy and episode), ``summary.md`` (the table printed at
 the end) and ``latency_cdf.png`` in the run directory, with the resolved config and command.
@@ -18,8 +18,8 @@ from llm_lb_gym.extras import require
 # before the imports below: name the extra, not a missing module
 require("rl", "llm-lb-gym evaluate")
 
-from experiments._evaluation import evaluate, paired_change, policy_options, summarize  # noqa: F401  (re-exported)
-from experiments._hydra import hydra_main
+from llm_lb_gym.experiments._evaluation import evaluate, paired_change, policy_options, summarize  # noqa: F401  (re-exported)
+from llm_lb_gym.experiments._hydra import hydra_main
 
 
 @hydra_main("evaluate")

@@ -1,8 +1,8 @@
 """Figures of a finished run, re-rendered from the files it wrote (no simulation, no training).
 
-    python -m experiments.figures outputs/reproduce/<run>                 # PNGs into the run dir
-    python -m experiments.figures outputs/reproduce/<run> --out docs/figures
-    python -m experiments.figures outputs/load_sweep/<run> multirun/reproduce/<time>
+    python -m llm_lb_gym.experiments.figures outputs/reproduce/<run>                 # PNGs into the run dir
+    python -m llm_lb_gym.experiments.figures outputs/reproduce/<run> --out docs/figures
+    python -m llm_lb_gym.experiments.figures outputs/load_sweep/<run> multirun/reproduce/<time>
 
 What each kind of run gets (every PNG named after what it shows):
 
@@ -17,7 +17,7 @@ What each kind of run gets (every PNG named after what it shows):
   ``load_sweep_gain.png``, each router's reduction of mean E2E vs round robin against the load
   factor, with 95% CIs.
 
-``experiments.reproduce`` and ``experiments.load_sweep`` call the same functions at the end of a
+``llm_lb_gym.experiments.reproduce`` and ``llm_lb_gym.experiments.load_sweep`` call the same functions at the end of a
 run (``figures=true``); the copies in ``docs/figures/`` are made with ``--out docs/figures``.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from experiments._figures import BASELINE, load_sweep_figure, read_results, reductions, reproduce_figures  # noqa: F401
+from llm_lb_gym.experiments._figures import BASELINE, load_sweep_figure, read_results, reductions, reproduce_figures  # noqa: F401
 
 
 def render(run: Path, out: Path | None = None) -> list[Path]:
@@ -51,7 +51,7 @@ def render(run: Path, out: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m experiments.figures",
+    ap = argparse.ArgumentParser(prog="python -m llm_lb_gym.experiments.figures",
                                  description="Re-render the figures of finished reproduce / load_sweep runs.")
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (or folders above them)")
     ap.add_argument("--out", type=Path, default=None, help="write the PNGs here (default: each run's dir)")

@@ -1,14 +1,14 @@
 """Train a router that improves on its teacher (policy iteration by simulation), then test it.
 
-    python -m experiments.improve                                    # near capacity, scored_binding teacher
-    python -m experiments.improve 'experiment=[paper_v100_kv_limited,learned_router,scored_teacher]'
-    python -m experiments.improve 'experiment=[v100_near_capacity,learned_router]'   # late_binding teacher
-    python -m experiments.improve improve.rounds=2 test.episodes=5   # shorter
+    python -m llm_lb_gym.experiments.improve                                    # near capacity, scored_binding teacher
+    python -m llm_lb_gym.experiments.improve 'experiment=[paper_v100_kv_limited,learned_router,scored_teacher]'
+    python -m llm_lb_gym.experiments.improve 'experiment=[v100_near_capacity,learned_router]'   # late_binding teacher
+    python -m llm_lb_gym.experiments.improve improve.rounds=2 test.episodes=5   # shorter
 
-Runs :func:`agents.policy_iteration.policy_iteration` on the setting (``conf/improve.yaml``),
+Runs :func:`llm_lb_gym.agents.policy_iteration.policy_iteration` on the setting (``conf/improve.yaml``),
 saves ``best_policy.pt`` and each round's network in the run directory, logs the rounds to
 TensorBoard (``<run>/tb``), then evaluates the best network, round robin, the teacher and the
-listed heuristics on the test seeds (``experiments.evaluate``: identical seeded episodes) and
+listed heuristics on the test seeds (``llm_lb_gym.experiments.evaluate``: identical seeded episodes) and
 prints the paired % change of mean E2E against round robin *and* against the teacher, with 95%
 confidence intervals, p99 E2E, SLO attainment and the network's decision time.
 """
@@ -26,17 +26,17 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._evaluation import evaluate
-from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
-from experiments._progress import say
-from experiments._tables import paired_change
+from llm_lb_gym.experiments._evaluation import evaluate
+from llm_lb_gym.experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from llm_lb_gym.experiments._progress import say
+from llm_lb_gym.experiments._tables import paired_change
 
 NAME = "distilled"
 """The trained network's name in the tables (``learned_router`` stays the Double-DQN router's)."""
 
 
 def policy_iteration_config(cfg):
-    from agents.policy_iteration import PolicyIterationConfig
+    from llm_lb_gym.agents.policy_iteration import PolicyIterationConfig
 
     opts = to_container(cfg.improve)
     for key in ("validation_seeds", "net_arch"):
@@ -60,7 +60,7 @@ def decision_time_ms(kw: dict, path: Path, seed: int) -> dict:
     test episode, in milliseconds."""
     import gymnasium as gym
 
-    from agents.policy_iteration import DistilledAgent
+    from llm_lb_gym.agents.policy_iteration import DistilledAgent
     from llm_lb_gym.rollout import rollout_agent
 
     action = {**(kw.get("action") or {}), **DistilledAgent.ENV_OPTIONS["action"]}
@@ -77,7 +77,7 @@ def improve(cfg, out: Path | None = None) -> dict:
     from omegaconf import OmegaConf
     from torch.utils.tensorboard import SummaryWriter
 
-    from agents.policy_iteration import DistilledAgent, policy_iteration
+    from llm_lb_gym.agents.policy_iteration import DistilledAgent, policy_iteration
     torch.set_num_threads(1)
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,13 @@
 """Where does routing matter? Heuristics vs round robin across load factors.
 
-    python -m experiments.load_sweep                                   # default env (4x V100)
-    python -m experiments.load_sweep load_factors=[0.5,1,2] episodes=3 engine=a100_llama3
+    python -m llm_lb_gym.experiments.load_sweep                                   # default env (4x V100)
+    python -m llm_lb_gym.experiments.load_sweep load_factors=[0.5,1,2] episodes=3 engine=a100_llama3
 
 Load factor = offered arrival rate / service capacity. The capacity ``mu`` is measured, not
 assumed: round robin on an episode whose requests all arrive at once (``capacity_rate_rps``),
 throughput over the middle of the run (completions between the 10th and 90th percentile of
 finish times), so the ramp-up and the drain tail, where instances idle, do not count. For each
-factor ``f`` the sweep runs ``experiments.evaluate`` at ``arrival_rate_rps = f * mu`` (its own
+factor ``f`` the sweep runs ``llm_lb_gym.experiments.evaluate`` at ``arrival_rate_rps = f * mu`` (its own
 subfolder ``load_<f>``) and writes ``load_sweep.md``: round robin's mean E2E and preemptions,
 and every policy's paired % change of mean E2E vs round robin with its 95% CI.
 
@@ -29,14 +29,14 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
+from llm_lb_gym.experiments._accounting import (ACCOUNTING_COLUMNS, accounting_cells, describe_workload,
                                      filter_note, loss_warning)
-from experiments._entry_options import check_evaluate_options
-from experiments._evaluation import evaluate
-from experiments._figures import load_sweep_figure
-from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
-from experiments._progress import progress_bar
-from experiments._tables import paired_change
+from llm_lb_gym.experiments._entry_options import check_evaluate_options
+from llm_lb_gym.experiments._evaluation import evaluate
+from llm_lb_gym.experiments._figures import load_sweep_figure
+from llm_lb_gym.experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from llm_lb_gym.experiments._progress import progress_bar
+from llm_lb_gym.experiments._tables import paired_change
 from llm_lb_gym.capacity import CAPACITY_QUANTILES, capacity_rps  # noqa: F401  (re-exported)
 
 

@@ -6,7 +6,7 @@
 
 With ``--sim-backends N`` each router gets a fresh stack on 127.0.0.1 (N simulated backends
 and one router process, all child processes, stopped afterwards), and every router sees the
-same request sequence (``--seed``): a paired comparison, as ``experiments.evaluate`` pairs
+same request sequence (``--seed``): a paired comparison, as ``llm_lb_gym.experiments.evaluate`` pairs
 episodes. The same sequence is also run through the simulator itself with the same router
 (``sim`` rows), so the table shows how far the served cluster and the simulation agree.
 Latencies are in the workload's seconds (wall seconds x time scale). Writes ``results.csv``
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._cli_args import key_values
+from llm_lb_gym.experiments._cli_args import key_values
 
 COLUMNS = (("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50 E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"),
            ("mean_ttft_s", "mean TTFT (s)"), ("p99_ttft_s", "p99 TTFT (s)"), ("mean_tbt_s", "mean TBT (s)"))
@@ -91,7 +91,7 @@ def serve_stack(args, router: str, options: dict):
                                            "--preset", args.preset))
             urls.append(f"http://127.0.0.1:{port}")
         port = free_port()
-        cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router,
+        cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port), "--router", router,
                "--preset", args.preset, "--context-tokens", str(args.context_tokens),
                "--decision-interval-s", str(0.02 / args.time_scale)]
         for u in urls:

@@ -1,14 +1,14 @@
 """Merge the evaluations of a ``--multirun`` sweep into one table per evaluation.
 
-    python -m experiments.evaluate -m hydra/launcher=local_parallel episodes=5 seed=1000,1005,1010,1015
-    python -m experiments.merge multirun/evaluate/<time>      # one table over the 20 episodes
+    python -m llm_lb_gym.experiments.evaluate -m hydra/launcher=local_parallel episodes=5 seed=1000,1005,1010,1015
+    python -m llm_lb_gym.experiments.merge multirun/evaluate/<time>      # one table over the 20 episodes
 
 A sweep fans episodes (or settings, or training seeds) out over the launcher; each job writes
 its own ``results.csv``. This step reads every job's results (jobs are the folders holding a
 ``.hydra/overrides.yaml``, or else the sweep folder's subfolders with a ``run.json``), groups
 them by their path inside the job (``results.csv`` for ``evaluate``, ``<setting>/eval/results.csv``
 for ``reproduce``), and writes ``<sweep>/merged/<that path>`` with ``summary.md``: the table of
-``experiments.evaluate`` over all the episodes, so four jobs of 5 episodes on seeds 1000, 1005,
+``llm_lb_gym.experiments.evaluate`` over all the episodes, so four jobs of 5 episodes on seeds 1000, 1005,
 1010, 1015 give the same table as one job of 20 episodes from seed 1000.
 
 Rows of the same policy and episode seed from several jobs:
@@ -27,7 +27,7 @@ table pairs each job's policy with the same job's baseline.
 
 ``reproduction.md`` files of the jobs (a sweep of ``reproduce``) are concatenated into
 ``merged/reproduction.md`` under a heading naming each job's overrides; ``python -m
-experiments.figures <sweep>`` draws every job's figures.
+llm_lb_gym.experiments.figures <sweep>`` draws every job's figures.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._figures import BASELINE, read_results
-from experiments._tables import paired_change, summarize
+from llm_lb_gym.experiments._figures import BASELINE, read_results
+from llm_lb_gym.experiments._tables import paired_change, summarize
 
 NOT_COMPARED = ("wall_s", "job")
 """Columns that may differ between two runs of the same policy on the same episode."""
@@ -215,7 +215,7 @@ def merge(sweep: Path, out: Path | None = None) -> dict[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    prog = sys.argv[0] if sys.argv[0].startswith("llm-lb-gym") else "python -m experiments.merge"
+    prog = sys.argv[0] if sys.argv[0].startswith("llm-lb-gym") else "python -m llm_lb_gym.experiments.merge"
     ap = argparse.ArgumentParser(prog=prog,
                                  description="Merge the evaluations of a --multirun sweep into one table each.")
     ap.add_argument("sweep", type=Path, help="the sweep folder (hydra.sweep.dir)")

@@ -13,7 +13,7 @@ from llm_lb_gym.sim.latency import get_preset
 
 
 def main(argv=None) -> None:
-    """python -m experiments.paper_v100: the shipped V100 preset's three figures and round robin
+    """python -m llm_lb_gym.experiments.paper_v100: the shipped V100 preset's three figures and round robin
     in the paper's load regime on the 32 GB, 16 GB and 16 GB / 1,024-window engines."""
     argparse.ArgumentParser(description=main.__doc__.splitlines()[0]).parse_args(argv)
     report_figures(get_preset("llama2-7b-v100").latency)

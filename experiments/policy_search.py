@@ -1,15 +1,15 @@
 """Search a router's options on whole episodes (evolution strategy over scored_binding), then test it.
 
-    python -m experiments.policy_search                                   # near capacity, mean E2E
-    python -m experiments.policy_search experiment=paper_v100_kv_limited  # overloaded
-    python -m experiments.policy_search experiment=slo_near_capacity search.objective=slo
-    python -m experiments.policy_search search.generations=5 test.episodes=5   # shorter
+    python -m llm_lb_gym.experiments.policy_search                                   # near capacity, mean E2E
+    python -m llm_lb_gym.experiments.policy_search experiment=paper_v100_kv_limited  # overloaded
+    python -m llm_lb_gym.experiments.policy_search experiment=slo_near_capacity search.objective=slo
+    python -m llm_lb_gym.experiments.policy_search search.generations=5 test.episodes=5   # shorter
 
-Runs :func:`agents.policy_search.policy_search` on the setting (``conf/policy_search.yaml``),
+Runs :func:`llm_lb_gym.agents.policy_search.policy_search` on the setting (``conf/policy_search.yaml``),
 writes the found options to ``scored_binding.yaml`` in the run directory (and the command that
 evaluates them), logs the generations to TensorBoard (``<run>/tb``), then evaluates the found
 router, the start point's late_binding and the listed heuristics on the test seeds
-(``experiments._evaluation.evaluate``: identical seeded episodes) and prints the paired % change of mean
+(``llm_lb_gym.experiments._evaluation.evaluate``: identical seeded episodes) and prints the paired % change of mean
 E2E against each, with 95% confidence intervals, p99 E2E against round robin's, SLO attainment
 (points, paired) where the setting has deadlines, and the search's wall time.
 """
@@ -28,16 +28,16 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._evaluation import evaluate
-from experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
-from experiments._progress import say
-from experiments._tables import paired_change, paired_difference
+from llm_lb_gym.experiments._evaluation import evaluate
+from llm_lb_gym.experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from llm_lb_gym.experiments._progress import say
+from llm_lb_gym.experiments._tables import paired_change, paired_difference
 
 NAME = "scored_binding"
 
 
 def search_config(cfg):
-    from agents.policy_search import SearchConfig
+    from llm_lb_gym.agents.policy_search import SearchConfig
     from llm_lb_gym._validate import reject_unknown
 
     opts = to_container(cfg.search)
@@ -60,7 +60,7 @@ def search(cfg, out: Path | None = None) -> dict:
     from omegaconf import OmegaConf
     from torch.utils.tensorboard import SummaryWriter
 
-    from agents.policy_search import policy_search
+    from llm_lb_gym.agents.policy_search import policy_search
 
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,7 +117,7 @@ def search(cfg, out: Path | None = None) -> dict:
         say("SLO attainment: " + "; ".join(f"{p} {v:.1f}%" for p, v in slo_mean.items()))
         say(f"{NAME} SLO attainment vs each (points, paired 95% CI): "
             + "; ".join(f"{p} {m:+.2f} ± {h:.2f}" for p, (m, h) in slo.items()))
-    say(f"evaluate it: python -m experiments.evaluate {' '.join(_setting_overrides())} "
+    say(f"evaluate it: python -m llm_lb_gym.experiments.evaluate {' '.join(_setting_overrides())} "
         f"episodes={int(cfg.test.episodes)} seed={int(cfg.test.seed)} "
         f"'policies=[round_robin,late_binding,{NAME}]' "
         f"'policy_options={{{NAME}: {json.dumps(found).replace(chr(34), '')}}}'")
@@ -126,7 +126,7 @@ def search(cfg, out: Path | None = None) -> dict:
 
 
 def _setting_overrides() -> list[str]:
-    """The setting as ``experiments.evaluate`` overrides: the experiment this run composed and
+    """The setting as ``llm_lb_gym.experiments.evaluate`` overrides: the experiment this run composed and
     the command line's group and load overrides."""
     import sys
 

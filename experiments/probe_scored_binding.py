@@ -5,9 +5,9 @@ worth more than the noise (docs/policy_iteration.md, "Policy search on whole epi
 point is the setting's late_binding mapped into scored_binding (``from_late_binding``) with a
 few options changed; every point plays the same seeds (never the validation or test seeds).
 
-    python -m experiments.probe_scored_binding experiment=v100_near_capacity
-    python -m experiments.probe_scored_binding experiment=paper_v100_kv_limited --seeds 600-607
-    python -m experiments.probe_scored_binding experiment=slo_near_capacity \
+    python -m llm_lb_gym.experiments.probe_scored_binding experiment=v100_near_capacity
+    python -m llm_lb_gym.experiments.probe_scored_binding experiment=paper_v100_kv_limited --seeds 600-607
+    python -m llm_lb_gym.experiments.probe_scored_binding experiment=slo_near_capacity \
         --points '{"period 0, late 20, growth 0.5": {"period_s": 0, "late_penalty": 20, "growth_frac": 0.5}}'
 
 Prints late_binding's and round robin's means, then per point the paired change of mean E2E
@@ -63,7 +63,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from agents.policy_search import Episodes, start_options
+    from llm_lb_gym.agents.policy_search import Episodes, start_options
 
     cfg = compose("evaluate", args.overrides)
     kw = env_kwargs(cfg)

@@ -1,21 +1,21 @@
 """The paper's result tables on this simulator, beside the paper's numbers.
 
-    python -m experiments.reproduce                                  # paper_v100, three variants
-    python -m experiments.reproduce 'settings=[paper_v100,paper_v100_kv_limited]'
-    python -m experiments.reproduce train_episodes=60 eval_episodes=20 agent=double_dqn
-    python -m experiments.reproduce models_from=outputs/reproduce/<run>   # re-evaluate only
+    python -m llm_lb_gym.experiments.reproduce                                  # paper_v100, three variants
+    python -m llm_lb_gym.experiments.reproduce 'settings=[paper_v100,paper_v100_kv_limited]'
+    python -m llm_lb_gym.experiments.reproduce train_episodes=60 eval_episodes=20 agent=double_dqn
+    python -m llm_lb_gym.experiments.reproduce models_from=outputs/reproduce/<run>   # re-evaluate only
 
 For each setting (a ``conf/experiment`` config) and each variant (Baseline RL, WA-RL, WG-RL:
 the same agent trained with reward ``baseline``, ``workload_aware``, ``workload_guided``), it
-runs :func:`experiments._training.train` into ``<run>/<setting>/<variant>/``; then one
-:func:`experiments._evaluation.evaluate` puts the trained agents and the heuristics on identical
+runs :func:`llm_lb_gym.experiments._training.train` into ``<run>/<setting>/<variant>/``; then one
+:func:`llm_lb_gym.experiments._evaluation.evaluate` puts the trained agents and the heuristics on identical
 seeded episodes (``<run>/<setting>/eval/``). ``reproduction.md`` holds one table per setting in
 the paper's format (mean E2E, reduction vs round robin with a 95% CI, router wait,
 preemptions) with the paper's reduction beside each row, and a header with the setting's load
 factor (offered rate / measured capacity, :func:`llm_lb_gym.capacity.capacity_rps`), the
 training length and the wall times.
 
-The paper reports reductions (positive = faster than round robin); ``experiments.evaluate``
+The paper reports reductions (positive = faster than round robin); ``llm_lb_gym.experiments.evaluate``
 reports changes (negative = faster). The table here uses the paper's sign.
 """
 
@@ -34,13 +34,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import open_dict
 
-from experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
-from experiments._evaluation import evaluate
-from experiments._figures import reproduce_figures
-from experiments._hydra import compose, env_kwargs, hydra_main, run_dir, to_container, write_run_record
-from experiments._progress import progress_bar, say
-from experiments._tables import paired_change
-from experiments._training import train
+from llm_lb_gym.experiments._accounting import ACCOUNTING_COLUMNS, accounting_cells
+from llm_lb_gym.experiments._evaluation import evaluate
+from llm_lb_gym.experiments._figures import reproduce_figures
+from llm_lb_gym.experiments._hydra import compose, env_kwargs, hydra_main, run_dir, to_container, write_run_record
+from llm_lb_gym.experiments._progress import progress_bar, say
+from llm_lb_gym.experiments._tables import paired_change
+from llm_lb_gym.experiments._training import train
 from llm_lb_gym.capacity import capacity_rps
 
 STEPS_PER_REQUEST_LIMIT = 20
@@ -60,7 +60,7 @@ def offered_rate_rps(kw: dict, seed: int) -> float:
 
 
 def _model_path(run: Path, agent: str) -> Path:
-    from agents import agent_spec
+    from llm_lb_gym.agents import agent_spec
 
     suffix = agent_spec(agent).file_suffix
     best = run / f"best_model{suffix}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from experiments._serve_policy import load_policy
+from llm_lb_gym.experiments._serve_policy import load_policy
 
 
 def _options(pairs: list[str]) -> dict:
@@ -36,7 +36,7 @@ def experiment_router_options(experiment: str, router: str) -> dict:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    with initialize_config_module("conf", version_base=None):
+    with initialize_config_module("llm_lb_gym.conf", version_base=None):
         cfg = compose("evaluate", overrides=[f"experiment={experiment}"])
     opts = OmegaConf.to_container(cfg.eval.policy_options or {}, resolve=True)
     return dict(opts.get(router) or {})
@@ -51,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--option", action="append", default=[], help="router option key=value")
     r.add_argument("--options-from", default=None, help="experiment whose eval.policy_options to use")
     r.add_argument("--policy", default=None,
-                   help="experiments.train run directory: route with its trained policy (--router is the "
+                   help="llm_lb_gym.experiments.train run directory: route with its trained policy (--router is the "
                         "fallback while a backend is down)")
     r.add_argument("--policy-model", default="best_model.zip", help="model file in the --policy directory")
     r.add_argument("--model", action="append", default=None, help="model name served (repeat)")

@@ -1,6 +1,6 @@
 """Sim-to-real: one workload through router + llama.cpp servers and through the simulator.
 
-    python -m experiments.sim_to_real --llama-server PATH --gguf PATH \\
+    python -m llm_lb_gym.experiments.sim_to_real --llama-server PATH --gguf PATH \\
         --routers round_robin,least_requests,late_binding --rates 0.3,0.6 --requests 60
 
 For each arrival rate (load) the same request sequence (``--workload`` with ``--seed``; by
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments._cli_args import key_values
+from llm_lb_gym.experiments._cli_args import key_values
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -106,7 +106,7 @@ def start_router(urls, router: str, args, slot_tokens: int, preset: str):
     from llm_lb_gym.serve.launch import free_port, wait_healthy
 
     port = free_port()
-    cmd = [sys.executable, "-m", "experiments.serve", "router", "--port", str(port), "--router", router,
+    cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port), "--router", router,
            "--model", "smollm2", "--preset", preset, "--context-tokens", str(slot_tokens),
            "--num-blocks", str(args.ctx_tokens // 16), "--block-size", "16", "--max-seqs", str(args.parallel),
            "--decision-interval-s", str(DECISION_INTERVAL_S), "--poll-interval-s", "0.25"]
@@ -198,7 +198,7 @@ def main(argv=None) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from llm_lb_gym.extras import require
 
-    require("serve", "python -m experiments.sim_to_real")
+    require("serve", "python -m llm_lb_gym.experiments.sim_to_real")
     from llm_lb_gym import __version__
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config, scaled_latency
@@ -218,7 +218,7 @@ def main(argv=None) -> dict:
     routers = [r for r in args.routers.split(",") if r]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python -m llm_lb_gym.experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
     lines = [f"llm_lb_gym {__version__}; `{command}`", "",
              f"{args.requests} requests of {args.workload} "
              f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "

@@ -1,8 +1,8 @@
 """Soak: a million env steps, checking that memory stays flat and no request is lost.
 
-    python -m experiments.soak                           # 1,000,000 steps, default LLMCluster-v0
-    python -m experiments.soak --steps 200000 --num-requests 200 --max-episode-steps 100  # truncations
-    python -m experiments.soak --prefix-caching --candidates 4   # caching on, late binding among 4
+    python -m llm_lb_gym.experiments.soak                           # 1,000,000 steps, default LLMCluster-v0
+    python -m llm_lb_gym.experiments.soak --steps 200000 --num-requests 200 --max-episode-steps 100  # truncations
+    python -m llm_lb_gym.experiments.soak --prefix-caching --candidates 4   # caching on, late binding among 4
 
 Random valid actions (drawn up front) on ``gym.make("LLMCluster-v0")`` with its wrappers, one
 episode after another with consecutive seeds. At every episode end, terminated or truncated,

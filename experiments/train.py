@@ -1,18 +1,18 @@
 """Train a router agent on ``LLMCluster-v0``, then evaluate it against round robin.
 
-    python -m experiments.train                                  # WG-RL Double DQN, default env
-    python -m experiments.train reward=baseline                  # Baseline RL (no mixing term)
-    python -m experiments.train reward=workload_aware            # Workload-Aware RL (static term)
-    python -m experiments.train agent=maskable_ppo               # sb3-contrib, masked actions
-    python -m experiments.train agent=reinforce                  # the custom (non-SB3) agent
-    python -m experiments.train experiment=debug                 # seconds-long smoke run
-    python -m experiments.train -m reward=baseline,workload_aware,workload_guided seed=0,1 \
+    python -m llm_lb_gym.experiments.train                                  # WG-RL Double DQN, default env
+    python -m llm_lb_gym.experiments.train reward=baseline                  # Baseline RL (no mixing term)
+    python -m llm_lb_gym.experiments.train reward=workload_aware            # Workload-Aware RL (static term)
+    python -m llm_lb_gym.experiments.train agent=maskable_ppo               # sb3-contrib, masked actions
+    python -m llm_lb_gym.experiments.train agent=reinforce                  # the custom (non-SB3) agent
+    python -m llm_lb_gym.experiments.train experiment=debug                 # seconds-long smoke run
+    python -m llm_lb_gym.experiments.train -m reward=baseline,workload_aware,workload_guided seed=0,1 \
         hydra/launcher=joblib                                    # a local sweep
 
 The run directory holds ``resolved_config.yaml`` and ``run.json`` (command, seed, timings,
 episode length), ``model.zip`` (the last model) and ``best_model.zip`` (lowest validation mean
 E2E), TensorBoard logs under ``tb/`` and the final evaluation under ``eval/`` (the table of
-``experiments.evaluate``: the agent and ``eval.policies`` on identical seeded episodes).
+``llm_lb_gym.experiments.evaluate``: the agent and ``eval.policies`` on identical seeded episodes).
 
 The pipeline (``train(cfg)``, what it writes and why) is ``experiments/_training.py``.
 """
@@ -24,8 +24,8 @@ from llm_lb_gym.extras import require
 # before the imports below: name the extra, not a missing module
 require("rl", "llm-lb-gym train")
 
-from experiments._hydra import hydra_main
-from experiments._training import _check_train_cfg, build_agent, make_env, train  # noqa: F401  (re-exported)
+from llm_lb_gym.experiments._hydra import hydra_main
+from llm_lb_gym.experiments._training import _check_train_cfg, build_agent, make_env, train  # noqa: F401  (re-exported)
 
 
 @hydra_main("train")

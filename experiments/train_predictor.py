@@ -1,9 +1,9 @@
 """Train a decode-length bucket predictor on a prompt/response corpus, then evaluate it.
 
-    python -m experiments.train_predictor                      # MiniLM + task hint, time4 buckets
-    python -m experiments.train_predictor kind=light           # hashed n-grams + logistic regression
-    python -m experiments.train_predictor kind=forest scheme=paper_dqn
-    python -m experiments.train_predictor kind=forest data.path=$(python -m llm_lb_gym.data path azure_conv)
+    python -m llm_lb_gym.experiments.train_predictor                      # MiniLM + task hint, time4 buckets
+    python -m llm_lb_gym.experiments.train_predictor kind=light           # hashed n-grams + logistic regression
+    python -m llm_lb_gym.experiments.train_predictor kind=forest scheme=paper_dqn
+    python -m llm_lb_gym.experiments.train_predictor kind=forest data.path=$(python -m llm_lb_gym.data path azure_conv)
 
 Writes to ``out_dir`` (default ``artifacts/predictor/<kind>-<scheme>``): the model and its
 ``predictor.json`` card, ``no_hint/`` (the same model without the hint, a baseline),
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from experiments._hydra import hydra_main
-from experiments._predictor_common import dump_json, repo_path, set_threads, write_run_record
+from llm_lb_gym.experiments._hydra import hydra_main
+from llm_lb_gym.experiments._predictor_common import dump_json, repo_path, set_threads, write_run_record
 from llm_lb_gym._validate import check_choice, check_range
 from llm_lb_gym.data import DEFAULT_CORPUS, load_any, locate
 from llm_lb_gym.predictor.card import CARD_FILE, METRICS_FILE, ModelCard

@@ -5,8 +5,8 @@ move with the latency model and the load (package 0.1's near-capacity choice, 1 
 half of what 0.1 s rounds gain on package 0.2). Each setting's ``eval.policy_options`` records
 the choice with the figures this script printed; the learned router imitates that teacher.
 
-    python -m experiments.tune_late_binding experiment=v100_near_capacity
-    python -m experiments.tune_late_binding experiment=paper_v100 --periods 0,0.05,0.1,0.2,0.5 --reserves full,prompt
+    python -m llm_lb_gym.experiments.tune_late_binding experiment=v100_near_capacity
+    python -m llm_lb_gym.experiments.tune_late_binding experiment=paper_v100 --periods 0,0.05,0.1,0.2,0.5 --reserves full,prompt
 
 Prints round robin's mean E2E per seed, three load-balancing references and, for every grid
 point, the mean over the seeds of each episode's mean E2E relative to round robin's (paired).

@@ -19,9 +19,9 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.env_util import make_vec_env
 
 import llm_lb_gym  # noqa: F401
-from agents import REINFORCEAgent, make_agent
-from agents.maskable_ppo import SemiMDPMaskablePPO, SemiMDPRolloutBuffer
-from agents.reinforce import returns_to_go
+from llm_lb_gym.agents import REINFORCEAgent, make_agent
+from llm_lb_gym.agents.maskable_ppo import SemiMDPMaskablePPO, SemiMDPRolloutBuffer
+from llm_lb_gym.agents.reinforce import returns_to_go
 from llm_lb_gym._validate import ConfigError
 
 th.set_num_threads(1)

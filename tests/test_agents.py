@@ -20,7 +20,7 @@ from stable_baselines3.common.env_util import make_vec_env
 from stable_baselines3.common.logger import configure
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agents import (
+from llm_lb_gym.agents import (
     AGENT_NAMES, AGENTS, Agent, DoubleDQN, EpisodeMetricsCallback, HeuristicAgent, PeriodicEvalCallback,
     REINFORCEAgent, accepts_action_masks, agent_spec, load_agent, make_agent, predict_action,
 )

@@ -1,4 +1,4 @@
-"""``python -m experiments.bench`` against its saved baseline: which figures are speeds, which
+"""``python -m llm_lb_gym.experiments.bench`` against its saved baseline: which figures are speeds, which
 way is faster, what is flagged, and the saved file's labels. No timing here (figures are
 made up); speed itself lives in the benchmark."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from experiments.bench import BASELINE_PATH, Report, compare, direction, machine_facts
+from llm_lb_gym.experiments.bench import BASELINE_PATH, Report, compare, direction, machine_facts
 
 
 def test_figure_directions():
@@ -37,16 +37,16 @@ def test_regressions_beyond_the_tolerance_are_flagged_and_behaviour_changes_note
 def test_save_labels_the_figures_and_keeps_other_parts(tmp_path, capsys):
     path = tmp_path / "baseline.json"
     path.write_text(json.dumps({"simulator": {"package_version": "0.4.0", "figures": {"x": 1.0}}}))
-    rep = Report(path, 0.15, "python -m experiments.bench env", machine_facts())
+    rep = Report(path, 0.15, "python -m llm_lb_gym.experiments.bench env", machine_facts())
     rep.section("LLMCluster-v0", "env", {"round_robin_steps_per_cpu_s": 40000.0})
     rep.save()
     saved = json.loads(path.read_text())
     assert saved["simulator"]["package_version"] == "0.4.0"          # not run: kept
     env = saved["env"]
     from llm_lb_gym import __version__
-    assert env["package_version"] == __version__ and env["command"] == "python -m experiments.bench env"
+    assert env["package_version"] == __version__ and env["command"] == "python -m llm_lb_gym.experiments.bench env"
     assert {"cpu", "cores", "python", "engine", "load_average_1min_at_start"} <= set(env["machine"])
-    again = Report(path, 0.15, "python -m experiments.bench env", machine_facts())
+    again = Report(path, 0.15, "python -m llm_lb_gym.experiments.bench env", machine_facts())
     again.section("LLMCluster-v0", "env", {"round_robin_steps_per_cpu_s": 20000.0})
     again.summary()
     out = capsys.readouterr().out
@@ -57,5 +57,5 @@ def test_the_committed_baseline_is_labelled():
     saved = json.loads(BASELINE_PATH.read_text())
     assert {"simulator", "env"} <= set(saved)
     for part in saved.values():
-        assert part["package_version"] and part["saved_utc"] and part["command"].startswith("python -m experiments.bench")
+        assert part["package_version"] and part["saved_utc"] and part["command"].startswith("python -m llm_lb_gym.experiments.bench")
         assert part["machine"]["engine"] in ("compiled", "pure-python") and part["figures"]

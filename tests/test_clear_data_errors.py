@@ -20,7 +20,7 @@ def test_missing_dataset_in_evaluate_prints_the_message_without_a_traceback(tmp_
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "LLM_LB_GYM_DATA": str(empty)}
     env.pop("HYDRA_FULL_ERROR", None)
-    out = subprocess.run([sys.executable, "-m", "experiments.evaluate", "experiment=debug",
+    out = subprocess.run([sys.executable, "-m", "llm_lb_gym.experiments.evaluate", "experiment=debug",
                           "episodes=1", "policies=[round_robin]", "workload=azure_conv",
                           f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import _plugins, cli
+from llm_lb_gym.experiments import _plugins, cli
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_EVALUATE = ["experiment=debug", "episodes=1", "policies=[round_robin]", "plot=false"]
@@ -30,7 +30,7 @@ def test_help_lists_every_command_with_its_summary(capsys):
 
 def test_every_command_is_a_module_with_main():
     for command in cli.COMMANDS:
-        spec = importlib.util.find_spec(f"experiments.{command}")
+        spec = importlib.util.find_spec(f"llm_lb_gym.experiments.{command}")
         tree = ast.parse(Path(spec.origin).read_text())
         assert any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body), command
 
@@ -75,7 +75,7 @@ def test_dashes_name_the_same_command(tmp_path, capsys):
 
 
 def test_python_dash_m_experiments_is_the_same_dispatcher():
-    out = subprocess.run([sys.executable, "-m", "experiments", "trian"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "llm_lb_gym.experiments", "trian"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "unknown command 'trian'; allowed: train," in out.stderr
 
@@ -135,7 +135,7 @@ def test_optuna_sweeper_composes_with_the_train_config_when_installed():
     pytest.importorskip("hydra_plugins.hydra_optuna_sweeper")
     from hydra import compose, initialize_config_dir
 
-    from experiments._hydra import CONF_DIR
+    from llm_lb_gym.experiments._hydra import CONF_DIR
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="train", return_hydra_config=True,

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import llm_lb_gym  # noqa: F401
-from experiments._hydra import CONF_DIR, env_kwargs, to_container
+from llm_lb_gym.experiments._hydra import CONF_DIR, env_kwargs, to_container
 from llm_lb_gym._validate import ConfigError
 
 torch.set_num_threads(1)
@@ -148,7 +148,7 @@ def test_predictor_group_composes_and_builds(option):
 
 @pytest.mark.parametrize("option", _options("agent"))
 def test_agent_group_composes_and_builds(option):
-    from agents import agent_class, make_agent, predict_action
+    from llm_lb_gym.agents import agent_class, make_agent, predict_action
 
     cfg = _compose([f"agent={option}"])
     env = gym.make("LLMCluster-v0", num_requests=20)
@@ -206,7 +206,7 @@ def test_ray_preset_names_the_ray_launcher():
 
 
 def test_train_options_are_validated():
-    from experiments.train import _check_train_cfg
+    from llm_lb_gym.experiments.train import _check_train_cfg
 
     cfg = _compose(["train.final_model=newest"])
     with pytest.raises(ConfigError, match="train.final_model.*best, last"):

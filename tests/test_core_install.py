@@ -85,7 +85,7 @@ def test_code_that_needs_an_extra_names_it():
     out = _run_blocked("""
         import gymnasium as gym, llm_lb_gym
         from llm_lb_gym.extras import MissingExtraError
-        for stmt in ("import agents", "import experiments.train", "import experiments.evaluate"):
+        for stmt in ("import llm_lb_gym.agents", "import llm_lb_gym.experiments.train", "import llm_lb_gym.experiments.evaluate"):
             try:
                 exec(stmt)
             except MissingExtraError as exc:
@@ -98,13 +98,13 @@ def test_code_that_needs_an_extra_names_it():
             env.render()
         except MissingExtraError as exc:
             print("render ->", exc)
-        from experiments.cli import main
+        from llm_lb_gym.experiments.cli import main
         sys.exit(main(["train", "experiment=debug"]))
     """)
     assert out.returncode == 1, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert len(lines) == 4 and all("pip install" in line for line in lines)
-    assert "import agents -> the agents package needs" in lines[0] and "'rl'" in lines[0]
+    assert "import llm_lb_gym.agents -> the agents package needs" in lines[0] and "'rl'" in lines[0]
     assert "llm-lb-gym train needs" in lines[1] and "missing: torch" in lines[1]
     assert "'plot'" in lines[3] and "matplotlib" in lines[3]
     # the command line: one clear line, no traceback

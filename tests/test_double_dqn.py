@@ -15,8 +15,8 @@ from gymnasium import spaces
 from stable_baselines3 import DQN
 from stable_baselines3.common.logger import Logger
 
-from agents.double_dqn import DoubleDQN
-from agents.paper_defaults import PaperDQNDefaults, paper_kwargs
+from llm_lb_gym.agents.double_dqn import DoubleDQN
+from llm_lb_gym.agents.paper_defaults import PaperDQNDefaults, paper_kwargs
 from llm_lb_gym._validate import ConfigError
 
 th.set_num_threads(1)

@@ -1,7 +1,7 @@
 """Entry points do not import each other: what two commands share lives in a library module.
 
 An entry point is a module of ``experiments/`` whose name has no leading underscore and that
-defines ``main`` at the top level (``python -m experiments.NAME``, ``llm-lb-gym NAME``). When one
+defines ``main`` at the top level (``python -m llm_lb_gym.experiments.NAME``, ``llm-lb-gym NAME``). When one
 imported another (``reproduce`` -> ``train``, ``evaluate``, ``load_sweep``, ``figures``), the
 shared code had no home, import cycles were broken by imports inside functions, and a change to
 one command's shell could break another. Read from the source with ``ast`` (imports inside
@@ -17,7 +17,7 @@ import pytest
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 SHIM = "__main__"
-"""``python -m experiments``: it only hands over to ``cli``, the dispatcher (which finds the
+"""``python -m llm_lb_gym.experiments``: it only hands over to ``cli``, the dispatcher (which finds the
 commands by name with importlib, not by import)."""
 LAZY = {("bench", "bench_learner"), ("_hydra", "_plugins")}
 """Imports of a library module inside a function, each for a reason: ``bench learner`` needs the
@@ -51,7 +51,7 @@ def _experiments_imports(name: str) -> list[tuple[str, bool]]:
                     base = base.lstrip(".")
                     if base:
                         found.append((base.split(".")[0], inner))
-                    else:   # from experiments import x / from . import x
+                    else:   # from llm_lb_gym.experiments import x / from . import x
                         found.extend((a.name, inner) for a in child.names)
             visit(child, inner)
 

@@ -107,7 +107,7 @@ def test_model_saved_with_the_old_episode_bounds_still_loads(tmp_path):
     from gymnasium import spaces
     from stable_baselines3 import DQN
 
-    from agents.factory import load_agent
+    from llm_lb_gym.agents.factory import load_agent
 
     torch.set_num_threads(1)
     env = gym.make("LLMCluster-v0", num_requests=500, obs={"features": ["arrivals_left"]})

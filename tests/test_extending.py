@@ -44,7 +44,7 @@ CHECKS = {
         agent.save("bandit.npz")
         again = BanditAgent.load("bandit.npz", env)
         assert np.array_equal(again.total, agent.total) and np.array_equal(again.count, agent.count)
-        from agents import agent_spec
+        from llm_lb_gym.agents import agent_spec
         assert agent_spec("bandit").load_class() is BanditAgent
     """,
     "trace_format": """

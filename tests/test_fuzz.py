@@ -217,7 +217,7 @@ def _evaluate_cfg(values: dict):
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), keys=st.lists(st.sampled_from(sorted(EVAL_VALID)), max_size=4, unique=True))
 def test_evaluate_options_pass_or_fail_by_name(data, keys):
-    from experiments._entry_options import check_evaluate_options
+    from llm_lb_gym.experiments._entry_options import check_evaluate_options
 
     values, bad = {}, []
     for key in keys:
@@ -250,7 +250,7 @@ def test_evaluate_options_pass_or_fail_by_name(data, keys):
     ({"seed": 1.5}, "seed"), ({"policies": "jsq"}, "policies"),
 ])
 def test_evaluate_rejects_bad_options_before_running(tmp_path, override, option):
-    from experiments.evaluate import evaluate
+    from llm_lb_gym.experiments.evaluate import evaluate
 
     with pytest.raises(ConfigError, match=option):
         evaluate(_evaluate_cfg(override), out=tmp_path / "run")
@@ -311,7 +311,7 @@ def test_reset_batch_must_fit_the_episode():
     ({"episodes": 0}, "episodes"), ({"baseline": "jsq"}, "baseline"),
 ])
 def test_load_sweep_rejects_bad_options_before_measuring(tmp_path, override, option):
-    from experiments.load_sweep import load_sweep
+    from llm_lb_gym.experiments.load_sweep import load_sweep
 
     cfg = _evaluate_cfg({"load_factors": [0.5, 1.0], **override})
     with pytest.raises(ConfigError, match=option):

@@ -189,7 +189,7 @@ def test_custom_model_config_on_a_gpu(tmp_path) -> None:
 def test_hydra_overrides_select_catalog_and_custom_presets(tmp_path) -> None:
     from hydra import compose, initialize_config_dir
 
-    from experiments._hydra import CONF_DIR, env_kwargs
+    from llm_lb_gym.experiments._hydra import CONF_DIR, env_kwargs
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps(LLAMA2_7B_CONFIG))

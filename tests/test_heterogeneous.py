@@ -241,8 +241,8 @@ def test_mixed_env_episode_accounts_for_every_request_and_is_deterministic():
 def test_mixed_experiment_composes_and_evaluates_in_debug_size(tmp_path):
     from hydra import compose, initialize_config_dir
 
-    from experiments._hydra import CONF_DIR, env_kwargs
-    from experiments.evaluate import evaluate
+    from llm_lb_gym.experiments._hydra import CONF_DIR, env_kwargs
+    from llm_lb_gym.experiments.evaluate import evaluate
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="evaluate", overrides=[
@@ -271,7 +271,7 @@ def test_equivariant_network_reads_each_instance_speed_in_its_own_row():
     the rows of an A100 and a V100 swaps their action values (and nothing else)."""
     import torch as th
 
-    from agents.equivariant import InstanceSetQ
+    from llm_lb_gym.agents.equivariant import InstanceSetQ
 
     env = gym.make("LLMCluster-v0", instances=MIXED, action={"candidates": 2, "order": "shortest"},
                    obs={"features": ("free_kv_blocks",)}, **SMALL)

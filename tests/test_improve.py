@@ -163,7 +163,7 @@ def _kw():
 
 
 def _cfg(**kw):
-    from agents.policy_iteration import PolicyIterationConfig
+    from llm_lb_gym.agents.policy_iteration import PolicyIterationConfig
 
     base = dict(teacher_options=LB, rounds=1, episodes_per_round=1, label_every=2,
                 max_labels_per_episode=6, plan_horizon_s=0.3, samples=2, validation_seeds=(500,),
@@ -181,7 +181,7 @@ def test_config_errors_are_named():
 
 
 def test_improvement_targets():
-    from agents.policy_iteration import improvement_targets
+    from llm_lb_gym.agents.policy_iteration import improvement_targets
 
     logits = np.array([[0.0, 2.0, 0.0, -1.0]])
     mask = np.array([[True, True, True, False]])
@@ -194,7 +194,7 @@ def test_improvement_targets():
 
 
 def test_round_zero_is_the_teacher_and_the_result_loads(tmp_path):
-    from agents.policy_iteration import DistilledAgent, NetPolicy, policy_iteration
+    from llm_lb_gym.agents.policy_iteration import DistilledAgent, NetPolicy, policy_iteration
     from llm_lb_gym.rollout import rollout_agent, rollout_router
 
     res = policy_iteration(_kw(), _cfg(), out=tmp_path, log=lambda s: None)
@@ -217,7 +217,7 @@ def test_round_zero_is_the_teacher_and_the_result_loads(tmp_path):
 
 
 def test_a_teacher_the_actions_cannot_express_is_refused():
-    from agents.policy_iteration import policy_iteration
+    from llm_lb_gym.agents.policy_iteration import policy_iteration
 
     kw = {**_kw(), "action": {"candidates": 1, "order": "oldest"}}
     with pytest.raises(ConfigError, match="cannot express"):
@@ -225,7 +225,7 @@ def test_a_teacher_the_actions_cannot_express_is_refused():
 
 
 def test_workers_give_the_same_result_as_inline():
-    from agents.policy_iteration import policy_iteration
+    from llm_lb_gym.agents.policy_iteration import policy_iteration
 
     a = policy_iteration(_kw(), _cfg(), log=lambda s: None)["history"]
     b = policy_iteration(_kw(), _cfg(executor="process", workers=2), log=lambda s: None)["history"]
@@ -235,8 +235,8 @@ def test_workers_give_the_same_result_as_inline():
 
 
 def test_improve_entry_point_debug_size(tmp_path):
-    from experiments.improve import improve
-    from experiments.reproduce import compose
+    from llm_lb_gym.experiments.improve import improve
+    from llm_lb_gym.experiments.reproduce import compose
 
     cfg = compose("improve", ["experiment=[v100_near_capacity,learned_router,debug]", "improve.rounds=1",
                               "improve.episodes_per_round=1", "improve.max_labels_per_episode=4",
@@ -261,9 +261,9 @@ def test_main_job_default_distils_the_settings_scored_binding(tmp_path):
     """``llm-lb-gym improve`` as the README runs it: the teacher is the setting's searched
     scored_binding, the env's candidates follow its order with its weights; a debug-size run
     of that config (one round) works end to end and its round 0 is the teacher exactly."""
-    from experiments._hydra import to_container
-    from experiments.improve import improve
-    from experiments.reproduce import compose
+    from llm_lb_gym.experiments._hydra import to_container
+    from llm_lb_gym.experiments.improve import improve
+    from llm_lb_gym.experiments.reproduce import compose
 
     cfg = compose("improve", [])
     sb = to_container(cfg.eval.policy_options.scored_binding)
@@ -284,7 +284,7 @@ def test_main_job_default_distils_the_settings_scored_binding(tmp_path):
 def test_numpy_actor_matches_the_network():
     """The batch-1 numpy path chooses what the torch network chooses (same preferences up to the
     value and centring, which are constant over the actions)."""
-    from agents.policy_iteration import NetPolicy, make_net
+    from llm_lb_gym.agents.policy_iteration import NetPolicy, make_net
 
     env = LLMClusterEnv(**_kw())
     layout = env.obs_layout.as_dict()

@@ -260,7 +260,7 @@ def calibration() -> cal.Calibration:
         pytest.skip(f"profiling data absent: {err}")
 
 
-# Measured by `python -m experiments.calibrate` (docs/calibration.md): per preset and regime, the
+# Measured by `python -m llm_lb_gym.experiments.calibrate` (docs/calibration.md): per preset and regime, the
 # (median, max) |relative error| without CPU overhead and embedding, then with them.
 MEASURED = {
     "llama2-7b-a100": {"decode": ((0.0021, 0.0098), (0.0037, 0.0092)), "prefill": ((0.0099, 0.0429), (0.0103, 0.0414))},

@@ -10,10 +10,10 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 import llm_lb_gym  # noqa: F401
-from agents import make_agent
-from agents.equivariant import InstanceSetQ, SetPolicyActor, equivariant_actor_critic_policy
-from agents.imitation import collect_demonstrations
-from agents.replay import SemiMDPReplayBuffer
+from llm_lb_gym.agents import make_agent
+from llm_lb_gym.agents.equivariant import InstanceSetQ, SetPolicyActor, equivariant_actor_critic_policy
+from llm_lb_gym.agents.imitation import collect_demonstrations
+from llm_lb_gym.agents.replay import SemiMDPReplayBuffer
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.rollout import rollout_agent
 
@@ -57,7 +57,7 @@ def test_double_dqn_with_the_equivariant_policy_saves_loads_and_acts_on_eight_in
     model.learn(300)
     assert np.all(model.replay_buffer.discounts[:model.replay_buffer.size()] <= 1.0)
     model.save(tmp_path / "m.zip")
-    from agents.double_dqn import DoubleDQN
+    from llm_lb_gym.agents.double_dqn import DoubleDQN
 
     loaded = DoubleDQN.load(tmp_path / "m.zip", device="cpu")
     obs = venv.reset()

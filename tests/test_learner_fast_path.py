@@ -18,9 +18,9 @@ import torch as th
 from gymnasium import spaces
 from stable_baselines3.common.logger import Logger
 
-from agents.double_dqn import DoubleDQN
-from agents.equivariant import EquivariantDQNPolicy, InstanceSetQ
-from agents.replay import SemiMDPReplayBuffer
+from llm_lb_gym.agents.double_dqn import DoubleDQN
+from llm_lb_gym.agents.equivariant import EquivariantDQNPolicy, InstanceSetQ
+from llm_lb_gym.agents.replay import SemiMDPReplayBuffer
 
 th.set_num_threads(1)
 LAYOUT = dict(global_dim=2, num_candidates=3, candidate_dim=5, instance_dim=11)
@@ -191,7 +191,7 @@ def test_default_adam_is_fused_and_a_chosen_variant_is_kept():
 
 
 def test_bench_learner_times_training_and_accounts_for_it():
-    from experiments.bench_learner import bench_learner
+    from llm_lb_gym.experiments.bench_learner import bench_learner
 
     r = bench_learner(steps=40, warmup=8)
     assert r["gradient_updates"] == 10 and r["batch_size"] == 256 and r["train_freq"] == 4

@@ -1,4 +1,4 @@
-"""``experiments.merge`` over a sweep of settings: the baseline differs per job, so each job's
+"""``llm_lb_gym.experiments.merge`` over a sweep of settings: the baseline differs per job, so each job's
 policies are compared with that job's baseline (before: every "vs round_robin" cell was n/a)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("omegaconf", reason="experiments need the rl extra")
 
-from experiments.merge import merge  # noqa: E402
+from llm_lb_gym.experiments.merge import merge  # noqa: E402
 
 COLUMNS = ("mean_e2e_s", "p99_e2e_s", "mean_ttft_s", "p99_ttft_s", "mean_tbt_s", "p99_tbt_s",
            "preemptions", "mean_router_wait_s")
@@ -57,7 +57,7 @@ def test_a_settings_sweep_compares_each_job_with_its_own_baseline(tmp_path):
 
 
 def test_merge_is_an_llm_lb_gym_command(tmp_path, capsys):
-    from experiments import cli
+    from llm_lb_gym.experiments import cli
 
     assert "merge" in cli.COMMANDS
     sweep = tmp_path / "sweep"

@@ -105,7 +105,7 @@ def test_optuna_sweeper_and_ray_are_extras_not_core():
 
 def test_console_script_and_packages():
     project = _project()
-    assert project["scripts"] == {"llm-lb-gym": "experiments.cli:main"}
+    assert project["scripts"] == {"llm-lb-gym": "llm_lb_gym.experiments.cli:main"}
     include = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
     for pkg in ("llm_lb_gym*", "agents*", "experiments*", "conf*"):
         assert pkg in include

@@ -59,7 +59,7 @@ def test_options_are_validated_with_named_errors():
 
 
 # ----------------------------------------------------------------------------- the search
-ps = pytest.importorskip("agents.policy_search")
+ps = pytest.importorskip("llm_lb_gym.agents.policy_search")
 
 TINY = dict(generations=2, population=4, seeds_per_generation=2, validation_seeds=(500, 501),
             params=("growth_frac", "room_margin", "period_s"), start=LB, workers=1, seed=5)
@@ -104,8 +104,8 @@ def test_tiny_search_is_deterministic_and_never_worse_than_its_start():
 def test_entry_point_runs_tiny_and_saves_options_evaluate_can_use(tmp_path):
     import yaml
 
-    from experiments.policy_search import search, search_config
-    from experiments._hydra import compose
+    from llm_lb_gym.experiments.policy_search import search, search_config
+    from llm_lb_gym.experiments._hydra import compose
 
     over = ["experiment=[v100_near_capacity,debug]", "search.generations=1", "search.population=2",
             "search.seeds_per_generation=1", "search.validation_seeds=[500]", "search.workers=1",

@@ -11,9 +11,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from experiments._hydra import CONF_DIR
-from experiments.eval_predictor import eval_predictor
-from experiments.train_predictor import train_predictor
+from llm_lb_gym.experiments._hydra import CONF_DIR
+from llm_lb_gym.experiments.eval_predictor import eval_predictor
+from llm_lb_gym.experiments.train_predictor import train_predictor
 from llm_lb_gym.predictor.card import ModelCard
 from llm_lb_gym.predictor.registry import PREDICTORS, make_predictor
 
@@ -137,7 +137,7 @@ def test_configs_compose_and_predictor_yamls_are_flat():
 
 
 def test_importing_the_commands_does_not_import_torch():
-    code = ("import sys, experiments.train_predictor, experiments.eval_predictor, llm_lb_gym.predictor.registry;"
+    code = ("import sys, llm_lb_gym.experiments.train_predictor, llm_lb_gym.experiments.eval_predictor, llm_lb_gym.predictor.registry;"
             "print('torch' in sys.modules, 'sklearn' in sys.modules, 'transformers' in sys.modules)")
     import subprocess
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

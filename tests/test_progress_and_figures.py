@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments._hydra import CONF_DIR
+from llm_lb_gym.experiments._hydra import CONF_DIR
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -27,7 +27,7 @@ def _compose(name: str, overrides: list[str]):
 
 
 def test_bars_only_on_a_terminal_and_only_when_asked():
-    from experiments._progress import bars_enabled, progress_bar
+    from llm_lb_gym.experiments._progress import bars_enabled, progress_bar
 
     assert bars_enabled(True, FakeTerminal()) and not bars_enabled(False, FakeTerminal())
     assert not bars_enabled(True, io.StringIO())     # a log file, pytest's capture, a worker's pipe
@@ -42,7 +42,7 @@ def test_bars_only_on_a_terminal_and_only_when_asked():
 def test_training_bar_shows_episodes_and_validation(tmp_path, monkeypatch):
     """On a terminal: steps/s, episodes and the last validation E2E; the inner evaluation's bar
     is cleared. progress=false: nothing on the same terminal."""
-    from experiments.train import train
+    from llm_lb_gym.experiments.train import train
 
     term = FakeTerminal()
     monkeypatch.setattr(sys, "stderr", term)
@@ -70,7 +70,7 @@ def _results(rows: list[tuple[str, int, float]]) -> list[dict]:
 
 
 def test_reductions_are_paired_with_the_paper_sign():
-    from experiments.figures import reductions
+    from llm_lb_gym.experiments.figures import reductions
 
     rows = _results([("round_robin", 0, 10.0), ("round_robin", 1, 20.0), ("a", 0, 9.0), ("a", 1, 18.0),
                      ("b", 0, 11.0), ("b", 1, 24.0)])
@@ -106,7 +106,7 @@ def _fake_reproduce_run(run) -> None:
 
 
 def test_figures_command_renders_a_reproduce_run_elsewhere(tmp_path, capsys):
-    from experiments.figures import main
+    from llm_lb_gym.experiments.figures import main
 
     _fake_reproduce_run(tmp_path / "run")
     main([str(tmp_path / "run"), "--out", str(tmp_path / "docs")])
@@ -120,7 +120,7 @@ def test_figures_command_renders_a_reproduce_run_elsewhere(tmp_path, capsys):
 
 
 def test_figures_command_names_what_it_did_not_find(tmp_path):
-    from experiments.figures import render
+    from llm_lb_gym.experiments.figures import render
 
     with pytest.raises(FileNotFoundError, match="no reproduce run"):
         render(tmp_path)

@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from experiments._hydra import CONF_DIR
+from llm_lb_gym.experiments._hydra import CONF_DIR
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.data.traces import TraceFormatError
 from llm_lb_gym.workload.filters import cap_rows
@@ -73,7 +73,7 @@ def test_task_filter_counted_before_the_caps():
 def test_evaluate_prints_and_records_the_filtered_rows(tmp_path, capsys):
     from hydra import compose, initialize_config_dir
 
-    from experiments.evaluate import evaluate
+    from llm_lb_gym.experiments.evaluate import evaluate
 
     overrides = ["workload=trace", f"workload.path={os.path.abspath(BURST)}",
                  "workload.format=burstgpt", "workload.max_context_tokens=1500",

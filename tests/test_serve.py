@@ -421,12 +421,12 @@ def policy_dir(tmp_path_factory):
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from agents.factory import make_agent
-    from experiments._hydra import env_kwargs
+    from llm_lb_gym.agents.factory import make_agent
+    from llm_lb_gym.experiments._hydra import env_kwargs
     from llm_lb_gym.envs.cluster_env import LLMClusterEnv
 
     torch.set_num_threads(1)
-    with initialize_config_module("conf", version_base=None):
+    with initialize_config_module("llm_lb_gym.conf", version_base=None):
         cfg = compose("train", overrides=["experiment=debug", "env.num_instances=2"])
     d = tmp_path_factory.mktemp("policy")
     (d / "resolved_config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -438,7 +438,7 @@ def policy_dir(tmp_path_factory):
 
 
 def test_a_trained_policy_routes_through_the_service(backends, policy_dir):
-    from experiments.serve import load_policy
+    from llm_lb_gym.experiments.serve import load_policy
 
     cfg = RouterServiceConfig(backends=tuple(b.url for b in backends), router="least_requests",
                               poll_interval_s=0.05)
@@ -455,7 +455,7 @@ def test_a_trained_policy_routes_through_the_service(backends, policy_dir):
 def test_the_q_network_fast_path_equals_the_agents_predict(policy_dir):
     import numpy as np
 
-    from experiments.serve import load_policy
+    from llm_lb_gym.experiments.serve import load_policy
     from llm_lb_gym.rollout import predict_action
 
     cfg = RouterServiceConfig(backends=("http://127.0.0.1:1", "http://127.0.0.1:2"))
@@ -473,7 +473,7 @@ def test_the_q_network_fast_path_equals_the_agents_predict(policy_dir):
 def test_a_missing_or_corrupt_policy_file_is_a_named_error(backends, policy_dir, tmp_path):
     import shutil
 
-    from experiments.serve import load_policy
+    from llm_lb_gym.experiments.serve import load_policy
     from llm_lb_gym._validate import ConfigError
 
     cfg = RouterServiceConfig(backends=tuple(b.url for b in backends))
@@ -504,7 +504,7 @@ def test_simulated_backend_paces_tokens_by_the_engine():
 
 
 def test_loadgen_command_writes_its_table(backends, tmp_path):
-    from experiments import loadgen
+    from llm_lb_gym.experiments import loadgen
 
     with start_router([b.url for b in backends], router="jsq") as r:
         loadgen.main(["--url", r.url, "--requests", "6", "--time-scale", "4", "-w", "rate_rps=20",

@@ -149,7 +149,7 @@ def test_client_disconnect_through_the_router_frees_the_llama_server_slot(server
 
 def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     """The sim-to-real command end to end, tiny: 4 requests, one router, one load."""
-    from experiments import sim_to_real
+    from llm_lb_gym.experiments import sim_to_real
 
     report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin",
                                "--llama-server", SERVER, "--gguf", MODEL, "--out", str(tmp_path)])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments import calibrate_llamacpp as cl
+from llm_lb_gym.experiments import calibrate_llamacpp as cl
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.sim import _compiled
 from llm_lb_gym.sim.config import EngineConfig
@@ -180,7 +180,7 @@ def test_task_mix_length_scale_shrinks_the_mix_and_scale_one_is_unchanged():
 
 
 def test_table_reports_ratios_and_rankings():
-    from experiments.sim_to_real import table
+    from llm_lb_gym.experiments.sim_to_real import table
 
     def s(e2e, ttft):
         return dict(mean_e2e_s=e2e, p50_e2e_s=e2e, p99_e2e_s=e2e, mean_ttft_s=ttft, p50_ttft_s=ttft,

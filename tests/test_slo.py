@@ -288,9 +288,9 @@ def test_slo_aware_beats_round_robin_on_attainment_near_capacity():
 
 # ------------------------------------------------------------------------------- tables
 def test_tables_carry_attainment_and_goodput():
-    from experiments.evaluate import summarize
-    from experiments.load_sweep import _sweep_table
-    from experiments.reproduce import paper_table
+    from llm_lb_gym.experiments.evaluate import summarize
+    from llm_lb_gym.experiments.load_sweep import _sweep_table
+    from llm_lb_gym.experiments.reproduce import paper_table
 
     def row(policy, seed, att, good, e2e=2.0):
         return {"policy": policy, "seed": seed, "num_requests": 100, "completed": 100, "rejected": 0,
@@ -316,8 +316,8 @@ def test_tables_carry_attainment_and_goodput():
 def test_evaluate_counts_rejected_and_unfinished_requests_as_misses(tmp_path, monkeypatch):
     """An evaluation where a third of the requests can never run (rejected) and an agent that
     only defers until its step limit (all unfinished): both show in the SLO columns."""
-    import agents.factory
-    from experiments.evaluate import evaluate
+    import llm_lb_gym.agents.factory
+    from llm_lb_gym.experiments.evaluate import evaluate
 
     from test_tables import _cells, _Deferrer, _eval_cfg, _long_context_trace
 
@@ -326,7 +326,7 @@ def test_evaluate_counts_rejected_and_unfinished_requests_as_misses(tmp_path, mo
     ev = evaluate(_eval_cfg(tmp_path, workload), out=tmp_path / "a")
     rr = _cells(ev["table"], "round_robin")
     assert rr["rejected"] == "20" and 0.0 < float(rr["SLO met (%)"]) <= 100 * 10 / 30
-    monkeypatch.setattr(agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
+    monkeypatch.setattr(llm_lb_gym.agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
     cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8,
                     action={"masked": "as_taken"})   # its defers taken as given (no fallback)
     cfg.agents = {"deferrer": {"kind": "dqn", "path": "unused"}}

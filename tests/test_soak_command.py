@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from experiments.soak import main, soak
+from llm_lb_gym.experiments.soak import main, soak
 
 
 def test_soak_smoke_with_truncations(capsys):
@@ -18,7 +18,7 @@ def test_soak_smoke_with_truncations(capsys):
 def test_soak_smoke_with_prefix_caching_and_candidates(capsys):
     """Caching on (conversation workload, hash chains) and 3 candidates: every terminated
     episode leaves the KV accounting at rest (soak raises otherwise), and the cache is used."""
-    from experiments.soak import soak_options
+    from llm_lb_gym.experiments.soak import soak_options
 
     opts = soak_options(60, prefix_caching=True, candidates=3)
     r = soak(3000, seed=2, max_episode_steps=500, **opts)
@@ -35,7 +35,7 @@ def test_soak_kv_check_notices_a_block_left_in_use():
     import gymnasium as gym
     import pytest
 
-    from experiments.soak import _kv_at_rest
+    from llm_lb_gym.experiments.soak import _kv_at_rest
 
     env = gym.make("LLMCluster-v0", num_requests=5)
     env.reset(seed=0)

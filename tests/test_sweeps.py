@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from experiments._hydra import CONF_DIR
+from llm_lb_gym.experiments._hydra import CONF_DIR
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def _sweep(args: list[str], sweep_dir: Path, timeout: int = 300) -> subprocess.C
 @pytest.mark.skipif(_ray_missing() is not None, reason=str(_ray_missing()))
 def test_ray_sweep_of_two_jobs(tmp_path):
     """``hydra/launcher=ray_local``: two debug trainings as Ray tasks on a local Ray instance."""
-    proc = _sweep(["experiments.train", "-m", "experiment=debug", "seed=0,1", "train.episodes=2",
+    proc = _sweep(["llm_lb_gym.experiments.train", "-m", "experiment=debug", "seed=0,1", "train.episodes=2",
                    "train.eval_every_episodes=0", "eval.episodes=1", "hydra/launcher=ray_local"], tmp_path)
     assert "Ray Launcher is launching 2 jobs" in proc.stdout + proc.stderr
     runs = sorted(p.parent for p in tmp_path.glob("*/model.zip"))
@@ -48,7 +48,7 @@ def test_ray_sweep_of_two_jobs(tmp_path):
     records = [json.loads((r / "run.json").read_text()) for r in runs]
     assert sorted(r["seed"] for r in records) == [0, 1]
     for r in records:   # each job records the single run that repeats it, not the Ray worker's argv
-        assert r["command"].startswith("python -m experiments.train ")
+        assert r["command"].startswith("python -m llm_lb_gym.experiments.train ")
         assert f"seed={r['seed']}" in r["command"].split() and "seed=0,1" not in r["command"]
         assert r["sweep"]["job"] in (0, 1)
 
@@ -70,11 +70,11 @@ def test_ray_presets_compose_to_the_ray_launcher():
 
 def test_evaluation_fanned_out_over_jobs_merges_to_the_single_run_table(tmp_path):
     """Two joblib jobs of one episode each, merged, give the table of one two-episode run."""
-    from experiments.evaluate import evaluate
-    from experiments.merge import merge
+    from llm_lb_gym.experiments.evaluate import evaluate
+    from llm_lb_gym.experiments.merge import merge
 
     common = ["experiment=debug", "policies=[round_robin,jsq]", "progress=false"]
-    _sweep(["experiments.evaluate", "-m", *common, "episodes=1", "seed=1000,1001",
+    _sweep(["llm_lb_gym.experiments.evaluate", "-m", *common, "episodes=1", "seed=1000,1001",
             "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], tmp_path / "sweep")
     summary = merge(tmp_path / "sweep")["results.csv"].read_text()
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
@@ -84,7 +84,7 @@ def test_evaluation_fanned_out_over_jobs_merges_to_the_single_run_table(tmp_path
     assert single in summary
     job = json.loads((tmp_path / "sweep" / "1" / "run.json").read_text())
     words = job["command"].split()   # the job alone: its seed, not the sweep's list, and no -m after the module
-    assert job["seed"] == 1001 and words[:3] == ["python", "-m", "experiments.evaluate"]
+    assert job["seed"] == 1001 and words[:3] == ["python", "-m", "llm_lb_gym.experiments.evaluate"]
     assert "seed=1001" in words and "-m" not in words[3:] and job["sweep"]["job"] == 1
 
 
@@ -95,7 +95,7 @@ def _row(policy: str, seed: int, e2e: float) -> dict:
 def test_merge_keeps_identical_rows_once_and_splits_agents_by_job():
     """A training-seed sweep: round robin ran the same episodes in both jobs (kept once, wall
     time aside), the agent differs per job (one policy per job, and its change across jobs)."""
-    from experiments.merge import across_jobs, merge_rows
+    from llm_lb_gym.experiments.merge import across_jobs, merge_rows
 
     job0 = [_row("round_robin", 1000, 10.0), _row("round_robin", 1001, 20.0),
             _row("wg_rl", 1000, 9.0), _row("wg_rl", 1001, 18.0)]            # -10% on both episodes
@@ -112,7 +112,7 @@ def test_merge_keeps_identical_rows_once_and_splits_agents_by_job():
 
 
 def test_merge_refuses_a_folder_without_jobs(tmp_path):
-    from experiments.merge import merge
+    from llm_lb_gym.experiments.merge import merge
 
     with pytest.raises(FileNotFoundError, match="no sweep jobs"):
         merge(tmp_path)

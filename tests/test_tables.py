@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from experiments._accounting import describe_workload, loss_warning
-from experiments.evaluate import evaluate, summarize
-from experiments.load_sweep import _sweep_table
-from experiments.reproduce import paper_table
+from llm_lb_gym.experiments._accounting import describe_workload, loss_warning
+from llm_lb_gym.experiments.evaluate import evaluate, summarize
+from llm_lb_gym.experiments.load_sweep import _sweep_table
+from llm_lb_gym.experiments.reproduce import paper_table
 from llm_lb_gym.envs.builders import build_workload
 
 
@@ -100,9 +100,9 @@ class _Deferrer:
 
 
 def test_evaluate_counts_requests_left_at_the_step_limit(tmp_path, monkeypatch):
-    import agents.factory
+    import llm_lb_gym.agents.factory
 
-    monkeypatch.setattr(agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
+    monkeypatch.setattr(llm_lb_gym.agents.factory, "load_agent", lambda kind, path, env=None: _Deferrer())
     cfg = _eval_cfg(tmp_path, {"name": "task_mix"}, max_episode_steps=8,
                     action={"masked": "as_taken"})   # its defers taken as given (no fallback)
     cfg.agents = {"deferrer": {"kind": "dqn", "path": "unused"}}

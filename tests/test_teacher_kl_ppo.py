@@ -9,8 +9,8 @@ import torch as th
 from stable_baselines3.common.env_util import make_vec_env
 
 import llm_lb_gym  # noqa: F401
-from agents import make_agent
-from agents.teacher_kl_ppo import TeacherAction, teacher_nll
+from llm_lb_gym.agents import make_agent
+from llm_lb_gym.agents.teacher_kl_ppo import TeacherAction, teacher_nll
 from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.rollout import make_env_router, router_choice
 
@@ -124,8 +124,8 @@ def test_learned_router_ppo_trains_through_experiments_train_in_debug_size(tmp_p
 
     from hydra import compose, initialize_config_dir
 
-    from experiments._hydra import CONF_DIR
-    from experiments.train import train
+    from llm_lb_gym.experiments._hydra import CONF_DIR
+    from llm_lb_gym.experiments.train import train
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
         cfg = compose(config_name="train", overrides=[

@@ -1,4 +1,4 @@
-"""``experiments.train``, ``reproduce`` and ``load_sweep`` in debug size, and a joblib sweep.
+"""``llm_lb_gym.experiments.train``, ``reproduce`` and ``load_sweep`` in debug size, and a joblib sweep.
 
 Each experiment trains to completion in its debug size and must leave what a user looks for:
 the run record, TensorBoard events with the simulator, reward and evaluation scalars, and a
@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import llm_lb_gym  # noqa: F401
-from experiments._hydra import CONF_DIR, env_kwargs
+from llm_lb_gym.experiments._hydra import CONF_DIR, env_kwargs
 
 torch.set_num_threads(1)
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def _scalars(run: Path) -> dict[str, list[float]]:
 
 
 def _reloads_and_acts(cfg, model_path: Path) -> None:
-    from agents import load_agent, predict_action
+    from llm_lb_gym.agents import load_agent, predict_action
 
     env = gym.make("LLMCluster-v0", **env_kwargs(cfg))
     agent = load_agent(cfg.agent.name, model_path, env=None)
@@ -70,7 +70,7 @@ def _reloads_and_acts(cfg, model_path: Path) -> None:
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_trains_in_debug_size(experiment, tmp_path):
-    from experiments.train import train
+    from llm_lb_gym.experiments.train import train
 
     holds = experiment in ("learned_router", "scored_teacher")
     more = ["train.episodes=40"] if holds else []   # it holds requests: longer episodes
@@ -97,7 +97,7 @@ def test_experiment_trains_in_debug_size(experiment, tmp_path):
 
 def test_guidance_weight_anneals_over_training_episodes(tmp_path):
     """WG-RL: the weight TensorBoard shows falls as scale * exp(-decay * k) over finished episodes."""
-    from experiments.train import train
+    from llm_lb_gym.experiments.train import train
 
     cfg = _compose("train", ["experiment=debug", "train.episodes=4", "train.eval_every_episodes=0"])
     train(cfg, out=tmp_path)
@@ -112,7 +112,7 @@ def test_guidance_weight_anneals_over_training_episodes(tmp_path):
     ("maskable_ppo", ["agent.kwargs.n_steps=64", "agent.kwargs.batch_size=32"]),
 ])
 def test_other_agents_train_through_the_same_entry_point(agent, extra, tmp_path):
-    from experiments.train import train
+    from llm_lb_gym.experiments.train import train
 
     cfg = _compose("train", ["experiment=debug", f"agent={agent}", "reward=baseline", *extra])
     res = train(cfg, out=tmp_path)
@@ -122,7 +122,7 @@ def test_other_agents_train_through_the_same_entry_point(agent, extra, tmp_path)
 
 
 def test_reproduce_writes_the_paper_table(tmp_path):
-    from experiments.reproduce import reproduce
+    from llm_lb_gym.experiments.reproduce import reproduce
 
     trace = Path(__file__).resolve().parent / "fixtures" / "traces" / "tiny_mooncake.jsonl"
     cfg = _compose("reproduce", ["extra_experiments=[debug]", "run_variants=[baseline_rl,wg_rl]",
@@ -143,7 +143,7 @@ def test_reproduce_writes_the_paper_table(tmp_path):
 
 
 def test_load_sweep_table(tmp_path):
-    from experiments.load_sweep import load_sweep
+    from llm_lb_gym.experiments.load_sweep import load_sweep
 
     cfg = _compose("load_sweep", ["experiment=debug", "load_factors=[0.5,2]", "episodes=2",
                                   "policies=[round_robin,jsq]"])
@@ -156,7 +156,7 @@ def test_load_sweep_table(tmp_path):
 
 def test_joblib_sweep_of_two_jobs(tmp_path):
     """``--multirun`` with the joblib launcher: two seeds, two run directories with models."""
-    cmd = [sys.executable, "-m", "experiments.train", "-m", "experiment=debug", "seed=0,1",
+    cmd = [sys.executable, "-m", "llm_lb_gym.experiments.train", "-m", "experiment=debug", "seed=0,1",
            "train.episodes=2", "train.eval_every_episodes=0", "eval.episodes=1",
            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={tmp_path}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -169,9 +169,9 @@ def test_joblib_sweep_of_two_jobs(tmp_path):
 
 
 def test_evaluate_uses_the_settings_tuned_router_options():
-    """``experiments.evaluate experiment=X`` runs X's tuned options (its eval.policy_options),
+    """``llm_lb_gym.experiments.evaluate experiment=X`` runs X's tuned options (its eval.policy_options),
     and a command-line ``policy_options.<router>`` replaces that router's entry."""
-    from experiments.evaluate import policy_options
+    from llm_lb_gym.experiments.evaluate import policy_options
 
     from llm_lb_gym.routers.registry import make_router
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from experiments.tune_late_binding import main
+from llm_lb_gym.experiments.tune_late_binding import main
 
 
 def test_tuning_prints_a_paired_change_per_grid_point(capsys):

@@ -11,7 +11,7 @@ GPU sum) and with them (the whole model against GPU + embedding + CPU), and the 
 prompts every 64 tokens between the profiled shapes, in the fit and held out. The V100 preset has no profile: ``paper_v100.py`` fits it to the
 paper's three figures (grad1, 17 s, 31 s).
 
-Run: ``python -m experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W] [--bound]``.
+Run: ``python -m llm_lb_gym.experiments.calibrate [--data-dir DIR] [--preset NAME ...] [--weighting W] [--bound]``.
 """
 
 from __future__ import annotations

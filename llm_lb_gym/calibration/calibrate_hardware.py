@@ -9,7 +9,7 @@ another model (Llama-3-8B on A100) is predicted, fits the unprofiled all-reduce 
 latencies, checks the memory model against vLLM's published KV-cache sizes, and prints every
 shipped preset. The library holds the printed constants (``roofline.CALIBRATED`` and friends).
 
-Run: ``python -m experiments.calibrate_hardware [--data-dir DIR]``.
+Run: ``python -m llm_lb_gym.experiments.calibrate_hardware [--data-dir DIR]``.
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
             note="transcribed by this project's developers from Vidur's data/profiling/compute/"
                  "a100/meta-llama/Llama-2-7b-hf/attention.csv (10.7 MB, MIT); no download of the "
                  "transcription exists, so copy it from a developer's ../shared/data/profiling/ "
-                 "(only python -m experiments.calibrate reads it; the fitted presets ship with "
+                 "(only python -m llm_lb_gym.experiments.calibrate reads it; the fitted presets ship with "
                  "the package)"),
 )}
 """Every named dataset; ``python -m llm_lb_gym.data list`` prints them."""

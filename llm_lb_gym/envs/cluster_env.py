@@ -220,7 +220,7 @@ class LLMClusterEnv(gym.Env):
         self.guidance_episode = check_episode("set_training_episode k", k)
         self._episode_ended = False
 
-    set_training_episode = set_guidance_episode   # the name agents.callbacks calls
+    set_training_episode = set_guidance_episode   # the name llm_lb_gym.agents.callbacks calls
 
     def action_masks(self) -> np.ndarray:
         """Valid actions: route one of the current candidates to any instance; defer, unless

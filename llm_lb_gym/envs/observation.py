@@ -280,7 +280,7 @@ class ObservationBuilder:
         assert len(self.low) == self.size
         self.episode_free_bounds = np.zeros(self.size, bool)
         """True where the upper bound was ``num_requests``-derived in earlier versions (bucket
-        counts, ``arrivals_left``): ``agents.factory.load_agent`` loads models saved then."""
+        counts, ``arrivals_left``): ``llm_lb_gym.agents.factory.load_agent`` loads models saved then."""
         self.episode_free_bounds[free] = True
         self.box = spaces.Box(self.low, self.high, dtype=np.float32)
 

@@ -1,8 +1,8 @@
 """Decode-length prediction: bucket schemes, oracle and noisy predictors, and learned models.
 
 ``make_predictor(name, **options)`` builds any of them (names: ``PREDICTORS``). The learned
-models (transformer, light, forest) are trained by ``python -m experiments.train_predictor``
-and evaluated by ``python -m experiments.eval_predictor``; docs/predictor.md has their held-out
+models (transformer, light, forest) are trained by ``python -m llm_lb_gym.experiments.train_predictor``
+and evaluated by ``python -m llm_lb_gym.experiments.eval_predictor``; docs/predictor.md has their held-out
 metrics. Nothing here imports torch, transformers or scikit-learn until a model is used.
 """
 

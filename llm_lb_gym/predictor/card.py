@@ -105,7 +105,7 @@ class ModelCard:
         path = Path(directory) / CARD_FILE
         if not path.is_file():
             raise ConfigError(f"{path} not found: {directory} is not a saved predictor directory "
-                              f"(train one with `python -m experiments.train_predictor`)")
+                              f"(train one with `python -m llm_lb_gym.experiments.train_predictor`)")
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as e:

@@ -1,7 +1,7 @@
 """Held-out evaluation of a saved bucket predictor against its baselines, and its CPU latency.
 
-Shared by ``experiments.train_predictor`` (which evaluates right after training and saves
-``metrics.json`` beside the model) and ``experiments.eval_predictor`` (any saved model on any
+Shared by ``llm_lb_gym.experiments.train_predictor`` (which evaluates right after training and saves
+``metrics.json`` beside the model) and ``llm_lb_gym.experiments.eval_predictor`` (any saved model on any
 corpus of the same fields). The output is one JSON-able dict; its ``scheme`` and
 ``model.confusion`` are what ``make_predictor("confusion", path=...)`` reads back.
 """

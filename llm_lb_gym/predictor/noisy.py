@@ -6,7 +6,7 @@ bucket: ``NoisyOraclePredictor`` at a given accuracy (errors uniform over the ot
 ``ConfusionPredictor`` by sampling each request's predicted bucket from the row of a measured
 confusion matrix for its true bucket, which keeps the structure of real errors (mostly to
 neighbouring buckets, biased toward the frequent ones). The matrix can come straight from the
-metrics JSON that ``experiments.train_predictor`` / ``eval_predictor`` write.
+metrics JSON that ``llm_lb_gym.experiments.train_predictor`` / ``eval_predictor`` write.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class ConfusionPredictor:
         if p.is_dir():
             p = p / METRICS_FILE
         if not p.is_file():
-            raise ConfigError(f"confusion: {p} not found (write one with `python -m experiments.eval_predictor`)")
+            raise ConfigError(f"confusion: {p} not found (write one with `python -m llm_lb_gym.experiments.eval_predictor`)")
         try:
             data = json.loads(p.read_text())
         except json.JSONDecodeError as e:

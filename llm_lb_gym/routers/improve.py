@@ -37,7 +37,7 @@ same uniforms (Poisson arrivals only; any other workload is refused with a named
 
 Cost per state: ``len(candidates) * samples`` rollouts (a cluster copy, ~0.5 ms, plus
 ``plan_horizon_s`` seconds of simulation and the drain). Parallelism is across states (one episode's
-states per worker process): see ``agents.policy_iteration``.
+states per worker process): see ``llm_lb_gym.agents.policy_iteration``.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ so it still goes to an idle instance and nothing waits forever (as in MCU).
 Mixed clusters: room and need are each instance's own (free blocks, block size, KV size); the
 instance choice stays "most room" (capacity, not speed), as in MCU.
 
-Measured (``experiments.evaluate``, docs/reproduction.md): near capacity (4 x V100, 52 req/s),
+Measured (``llm_lb_gym.experiments.evaluate``, docs/reproduction.md): near capacity (4 x V100, 52 req/s),
 rounds of 1 s with full reservation cut mean E2E ~27% vs round robin (MCU: ~21%); in the
 KV-limited overloaded setting, continuous release with prompt reservation cuts it ~70%.
 """
@@ -54,7 +54,7 @@ _TICK_SLACK = 1e-9   # a grid time a few ulps below a tick counts as the tick (a
 @dataclass(frozen=True)
 class LateBindingOptions:
     """Defaults: the options tuned for the default setting (4 x V100, task mix, 20 req/s; tuned
-    on validation seeds with ``experiments.tune_late_binding``). Other settings set theirs in
+    on validation seeds with ``llm_lb_gym.experiments.tune_late_binding``). Other settings set theirs in
     their experiment's ``eval.policy_options.late_binding`` (conf/experiment/*.yaml), which every
     entry point reads; MCU's rule is ``period_s=1.0, rounds=global, reserve=full``."""
 

@@ -55,7 +55,7 @@ itself gains over the heuristics, so roughly what a learned router might hope to
 Cost per decision: ``(k m + 1) * samples`` rollouts (a cluster copy, ~0.5 ms, and a simulation
 of ``plan_horizon_s`` seconds plus the drain) and one workload draw. Measured on one core with the
 compiled engine, defaults (``plan_horizon_s=5``, ``base=least_requests``, ``score=drain``), 3 x
-2,000-request episodes, ``python -m experiments.bench_lookahead --horizons 5``:
+2,000-request episodes, ``python -m llm_lb_gym.experiments.bench_lookahead --horizons 5``:
 
     regime (4 x Llama-2-7B V100)       per decision median / p90   per episode   mean E2E vs RR
     default, 20 req/s                   9.5 ms / 10.6 ms            22 s          -1.6% (least_requests -1.7%)

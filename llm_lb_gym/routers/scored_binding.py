@@ -6,7 +6,7 @@ optimum. A learned router that beats it has to find a better rule *near* it; per
 from sampled futures were too noisy to say where (docs/policy_iteration.md). Whole episodes on
 common seeds are not: the paired difference of two routers' mean E2E has ~1% SD per episode.
 So this router is a parametric family around late_binding whose options *are* the parameter
-vector that ``agents.policy_search`` optimises on whole episodes:
+vector that ``llm_lb_gym.agents.policy_search`` optimises on whole episodes:
 
 - **order**: the eligible request with the largest score goes next, where
   ``score = -log(ideal_s) - prompt_weight * log1p(prompt_tokens) + age_per_s * wait_s

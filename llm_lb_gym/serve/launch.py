@@ -78,9 +78,9 @@ def wait_healthy(url: str, timeout_s: float = 30.0, proc: subprocess.Popen | Non
 
 
 def spawn_sim_backend(port: int, *args: str, timeout_s: float = 60.0) -> subprocess.Popen:
-    """``python -m experiments.serve sim --port PORT ARGS`` as a child process, once healthy."""
+    """``python -m llm_lb_gym.experiments.serve sim --port PORT ARGS`` as a child process, once healthy."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.serve", "sim", "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "llm_lb_gym.experiments.serve", "sim", "--port", str(port), *args],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", timeout_s, proc)

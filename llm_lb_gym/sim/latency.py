@@ -39,7 +39,7 @@ per-sequence amount. Between events a decode batch is fixed, so everything but
 engine advances such stretches in closed form (``engine.py``, which tabulates both per B).
 
 Presets: coefficients per (model, GPU). Their source and fit error are printed by
-``python -m experiments.calibrate`` and kept in ``docs/calibration.md``.
+``python -m llm_lb_gym.experiments.calibrate`` and kept in ``docs/calibration.md``.
 """
 
 from __future__ import annotations
@@ -314,7 +314,7 @@ class HardwarePreset:
             what=f"preset {self.name}")
 
 
-# Coefficients: llm_lb_gym/calibration/calibrate.py fits them (python -m experiments.calibrate prints
+# Coefficients: llm_lb_gym/calibration/calibrate.py fits them (python -m llm_lb_gym.experiments.calibrate prints
 # the fit); docs/calibration.md has sources and errors.
 PRESETS: dict[str, HardwarePreset] = {}
 

@@ -23,7 +23,7 @@ NON_TORCH_BYTES = 0.9396 * GIB
 """CUDA context, cuBLAS workspace and allocator slack outside the activation estimate, per GPU.
 Calibrated so that Llama-2-7B on one A100-80GB at vLLM's defaults gives the 7,351 blocks vLLM
 reported after its profiling fix (vllm-project/vllm#2031); ``python -m
-experiments.calibrate_hardware`` prints the check against that and vllm-project/vllm#10511."""
+llm_lb_gym.experiments.calibrate_hardware`` prints the check against that and vllm-project/vllm#10511."""
 NCCL_BYTES = 1.79 * GIB
 """Extra non-torch memory per GPU at tensor parallel > 1 (NCCL buffers): vLLM's log for
 Llama-3-8B shows non_torch_memory 1.79 GiB at tp 1 and 3.58 GiB at tp 2 (vllm-project/vllm#10511)."""

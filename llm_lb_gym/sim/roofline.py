@@ -3,7 +3,7 @@
 Why: profiles exist for two models on three GPUs (Vidur: A100, H100, A40); a router study wants
 Llama-70B on 4 H100s or Mistral on an L4. Each kernel of a layer is either bound by memory
 bandwidth or by tensor-core FLOPs; the achieved fraction of the datasheet peak is an efficiency
-factor fitted once on the profiled GPUs (``python -m experiments.calibrate_hardware``) and reused
+factor fitted once on the profiled GPUs (``python -m llm_lb_gym.experiments.calibrate_hardware``) and reused
 for every other GPU. Per layer and GPU (weights, FLOPs, heads divided by the tensor-parallel
 degree ``tp``):
 
@@ -70,7 +70,7 @@ class Efficiency:
             check_range(f"efficiency.{f.name}", getattr(self, f.name), 0.0, hi, lo_open=hi is not None)
 
 
-# Printed by `python -m experiments.calibrate_hardware` (fit on Vidur's A100, H100 and A40
+# Printed by `python -m llm_lb_gym.experiments.calibrate_hardware` (fit on Vidur's A100, H100 and A40
 # profiles of Llama-2-7B, tensor parallel 1/2/4/8; attention on the A100 TP1 medians).
 CALIBRATED = Efficiency(
     weight_bandwidth=0.7965, linear_flops=0.6952, gemm_launch_s=4.722e-06,
@@ -82,7 +82,7 @@ CALIBRATED = Efficiency(
 # All-reduce: no profile exists. Bandwidth: NCCL's large-message bus bandwidth is ~200 of the
 # 300 GB/s per direction on 8 x A100-80GB SXM (NVIDIA/nccl-tests#149); the same fraction of the
 # datasheet interconnect is used on every GPU (PCIe GPUs included, unmeasured). Latency per call:
-# fitted by `python -m experiments.calibrate_hardware` to the published latencies of vLLM's
+# fitted by `python -m llm_lb_gym.experiments.calibrate_hardware` to the published latencies of vLLM's
 # custom all-reduce on 8 x H100 SXM (tp 2/4/8, 512 B to 1 MiB; sgl-project/sglang#2904).
 ALLREDUCE_BANDWIDTH_EFFICIENCY = 200 / 300
 ALLREDUCE_LATENCY_S = 1.068e-05
@@ -90,7 +90,7 @@ ALLREDUCE_LATENCY_S = 1.068e-05
 # CPU overhead per step, (intercept s, per-sequence s), by tensor-parallel degree: least-squares
 # lines through Vidur's cpu_overheads_a100.csv (schedule + sampler + prepare inputs + process
 # outputs medians + ray_comm_time mean), models pooled; printed by
-# `python -m experiments.calibrate_hardware`. TP8 was not profiled: TP4's line is used.
+# `python -m llm_lb_gym.experiments.calibrate_hardware`. TP8 was not profiled: TP4's line is used.
 CPU_OVERHEAD_BY_TP: dict[int, tuple[float, float]] = {
     1: (9.678e-04, 4.869e-05),   # Llama-2-7B, phi-2
     2: (7.677e-03, 4.426e-05),   # CodeLlama-34B, InternLM-20B (Ray workers: ray_comm_time ~6 ms)

@@ -6,7 +6,7 @@ Prompt and decode tokens are the corpus's WordPiece counts of the real prompt an
 and the task type is attached (``task_names`` = the sorted task types of the chosen rows).
 
 By default episodes come from the held-out ``test`` split, split by prompt hash exactly as
-``experiments.train_predictor`` splits it, so a predictor is never scored in simulation on
+``llm_lb_gym.experiments.train_predictor`` splits it, so a predictor is never scored in simulation on
 prompts it was trained on. Rows are drawn without replacement (cycling through fresh
 permutations when an episode is larger than the split); arrivals come from a synthetic process
 (Poisson at 20 req/s unless given), since a corpus has no timestamps.
