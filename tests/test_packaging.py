@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -103,9 +108,114 @@ def test_optuna_sweeper_and_ray_are_extras_not_core():
     assert all(not capped(r) or "#" in rest for r, rest in sweep_lines.items())
 
 
+def _setuptools() -> dict:
+    return tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]
+
+
+MAPPED = {"llm_lb_gym.agents": "agents", "llm_lb_gym.experiments": "experiments",
+          "llm_lb_gym.conf": "conf"}
+"""Folders at the repository's top level that install inside the package (no top-level
+``agents``, ``experiments`` or ``conf`` to collide with a user's own)."""
+
+
+def _folders_as_packages() -> set[str]:
+    """The package names the folders on disk call for: llm_lb_gym's folders with an
+    ``__init__.py``, and every folder of the mapped ones (their data folders included)."""
+    root = PYPROJECT.parent
+    found = {"llm_lb_gym"} | {"llm_lb_gym." + ".".join(d.relative_to(root / "llm_lb_gym").parts)
+                              for d in (root / "llm_lb_gym").rglob("*")
+                              if d.is_dir() and (d / "__init__.py").is_file()}
+    for name, folder in MAPPED.items():
+        found.add(name)
+        found |= {name + "." + ".".join(d.relative_to(root / folder).parts)
+                  for d in (root / folder).rglob("*")
+                  if d.is_dir() and "__pycache__" not in d.parts}
+    return found
+
+
 def test_console_script_and_packages():
-    project = _project()
-    assert project["scripts"] == {"llm-lb-gym": "llm_lb_gym.experiments.cli:main"}
-    include = tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    for pkg in ("llm_lb_gym*", "agents*", "experiments*", "conf*"):
-        assert pkg in include
+    assert _project()["scripts"] == {"llm-lb-gym": "llm_lb_gym.experiments.cli:main"}
+    tool = _setuptools()
+    assert tool["package-dir"] == MAPPED
+    assert all(p == "llm_lb_gym" or p.startswith("llm_lb_gym.") for p in tool["packages"])
+    assert sorted(tool["packages"]) == sorted(_folders_as_packages()), \
+        "pyproject.toml's [tool.setuptools] packages must list every package folder"
+    data = tool["package-data"]
+    assert set(data) <= set(tool["packages"]) and "conf" not in data and "experiments" not in data
+
+
+def test_the_wheel_installs_only_llm_lb_gym(tmp_path):
+    """Built from a copy of the sources (a stale build/ of the checkout would leak into the
+    wheel): one top-level name, the three folders inside it, their data files, the script."""
+    pytest.importorskip("setuptools", minversion="77")   # pyproject's license = "MIT"
+    root, src = PYPROJECT.parent, tmp_path / "src"
+    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.egg-info", "build")
+    for name in ("llm_lb_gym", *MAPPED.values()):
+        shutil.copytree(root / name, src / name, ignore=skip)
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(root / name, src / name)
+    code = f"from setuptools import build_meta; print(build_meta.build_wheel({str(tmp_path)!r}))"
+    env = {**os.environ, "LLM_LB_GYM_PURE_PYTHON": "1"}   # no compiling here
+    out = subprocess.run([sys.executable, "-c", code], cwd=src, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    wheel = zipfile.ZipFile(tmp_path / out.stdout.strip().splitlines()[-1])
+    names = wheel.namelist()
+    dist = next(n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info"))
+    assert {n.split("/")[0] for n in names} == {"llm_lb_gym", dist}
+    assert wheel.read(f"{dist}/top_level.txt").decode().split() == ["llm_lb_gym"]
+    scripts = wheel.read(f"{dist}/entry_points.txt").decode()
+    assert "llm-lb-gym = llm_lb_gym.experiments.cli:main" in scripts
+    for name, folder in MAPPED.items():   # every source and data file, nothing else
+        prefix = name.replace(".", "/") + "/"
+        inside = {n.removeprefix(prefix) for n in names if n.startswith(prefix)}
+        on_disk = {p.relative_to(root / folder).as_posix() for p in (root / folder).rglob("*")
+                   if p.is_file() and p.suffix in (".py", ".yaml", ".json", ".csv")
+                   and "__pycache__" not in p.parts}
+        assert inside == on_disk, (folder, sorted(inside ^ on_disk))
+    for path in ("llm_lb_gym/agents/double_dqn.py", "llm_lb_gym/experiments/cli.py",
+                 "llm_lb_gym/experiments/bench_baseline.json", "llm_lb_gym/conf/train.yaml",
+                 "llm_lb_gym/conf/hydra/launcher/local_parallel.yaml", "llm_lb_gym/sim/engine.pxd"):
+        assert path in names
+    assert any(n.startswith("llm_lb_gym/experiments/profiles/") and n.endswith(".csv")
+               for n in names)
+
+
+def test_old_top_level_names_are_not_importable_outside_the_checkout(tmp_path):
+    """From another folder (the checkout's own folder is on ``sys.path`` when run from it) the
+    installed package gives llm_lb_gym.agents etc. and no ``agents``, ``experiments`` or ``conf``
+    of this project."""
+    code = ("import importlib.util as u\n"
+            "for name in ('agents', 'experiments', 'conf'):\n"
+            "    spec = u.find_spec(name)\n"
+            "    print(name, spec.origin if spec else None)\n"
+            "for name in ('llm_lb_gym.agents', 'llm_lb_gym.experiments.cli', 'llm_lb_gym.conf'):\n"
+            "    print(name, u.find_spec(name).origin)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=120, check=True)
+    found = dict(line.split(" ", 1) for line in out.stdout.splitlines())
+    root = str(PYPROJECT.parent)
+    for old in ("agents", "experiments", "conf"):
+        assert found[old] == "None" or not found[old].startswith(root), found
+    for new in ("llm_lb_gym.agents", "llm_lb_gym.experiments.cli", "llm_lb_gym.conf"):
+        assert found[new] not in ("", "None"), found
+
+
+OLD_NAME = re.compile(r"(?<![\w./-])(?:from\s+(?:agents|experiments|conf)(?:\.\w+)*\s+import\b"
+                      r"|import\s+(?:agents|experiments|conf)\b(?![/-])"
+                      r"|-m\s+experiments\b(?![/-])|[\"']-m[\"'],\s*[\"']experiments\b)")
+"""An import or a ``python -m`` of the old top-level names, in code, docs or comments."""
+
+
+def test_nothing_imports_or_runs_the_old_top_level_names():
+    root = PYPROJECT.parent
+    files = [root / "README.md", root / "setup.py", *(
+        p for top in ("llm_lb_gym", *MAPPED.values(), "tests", "docs") for p in (root / top).rglob("*")
+        if p.suffix in (".py", ".md", ".yaml", ".yml", ".json") and "__pycache__" not in p.parts)]
+    bad = {str(p.relative_to(root)): m.group(0) for p in files
+           for m in [OLD_NAME.search(p.read_text(encoding="utf-8"))] if m}
+    bad.pop("tests/test_packaging.py", None)   # this pattern
+    assert len(files) > 200 and not bad
+    assert OLD_NAME.search("x = 1\n    from agents.factory import load_agent")
+    assert not OLD_NAME.search("from llm_lb_gym.experiments.cli import main; see experiments/cli.py")
