@@ -28,6 +28,10 @@ and ``reinforce`` start from their own defaults. SB3 models are built on the CPU
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import pkgutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,23 +146,49 @@ def make_agent(
 def load_agent(name: str, path: str | Path, env: Any = None, **kwargs: Any) -> Any:
     """Load an agent saved with ``agent.save(path)``; ``env`` is needed only to keep training.
 
-    SB3 models load on the CPU unless ``device`` is given.
+    SB3 models load on the CPU unless ``device`` is given. Models saved by 0.5 and before load
+    too (see ``_names_before_0_6``).
     """
     spec = agent_spec(name)
     if spec.sb3_policy:
         kwargs.setdefault("device", "cpu")
+    with _names_before_0_6():
+        try:
+            return spec.load_class().load(path, env=env, **kwargs)
+        except ValueError as err:
+            if env is None or "Observation spaces do not match" not in str(err):
+                raise
+            saved = spec.load_class().load(path, device=kwargs.get("device", "cpu")).observation_space
+            if not bounds_only_episode_free(saved, env):
+                raise
+        # Saved before the observation space stopped depending on num_requests (issue 22): the
+        # same observations, only some upper bounds were episode-length-derived.
+        custom = {**kwargs.pop("custom_objects", {}), "observation_space": env.observation_space}
+        return spec.load_class().load(path, env=env, custom_objects=custom, **kwargs)
+
+
+@contextlib.contextmanager
+def _names_before_0_6():
+    """SB3 pickles classes by name: a model saved when agents/ installed as the top-level
+    ``agents`` package (0.5 and before) names ``agents.replay.SemiMDPReplayBuffer`` and the like.
+    While one loads, ``agents`` and ``agents.<module>`` are this package's modules in
+    ``sys.modules`` (the same objects, so classes compare equal); a user's own ``agents`` module
+    is put back afterwards."""
+    import llm_lb_gym.agents as package
+
+    aliases = {"agents": package}
+    for info in pkgutil.iter_modules(package.__path__):
+        aliases[f"agents.{info.name}"] = importlib.import_module(f"{package.__name__}.{info.name}")
+    before = {name: sys.modules.get(name) for name in aliases}
+    sys.modules.update(aliases)
     try:
-        return spec.load_class().load(path, env=env, **kwargs)
-    except ValueError as err:
-        if env is None or "Observation spaces do not match" not in str(err):
-            raise
-        saved = spec.load_class().load(path, device=kwargs.get("device", "cpu")).observation_space
-        if not bounds_only_episode_free(saved, env):
-            raise
-    # Saved before the observation space stopped depending on num_requests (issue 22): the same
-    # observations, only some upper bounds were episode-length-derived.
-    custom = {**kwargs.pop("custom_objects", {}), "observation_space": env.observation_space}
-    return spec.load_class().load(path, env=env, custom_objects=custom, **kwargs)
+        yield
+    finally:
+        for name, module in before.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def bounds_only_episode_free(saved, env) -> bool:

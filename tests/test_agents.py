@@ -304,6 +304,42 @@ def test_load_agent_roundtrip_and_masked_ppo_learns(tmp_path):
     assert ppo.num_timesteps == 32
 
 
+@pytest.mark.parametrize("name,attr", [("double_dqn", "replay_buffer_class"),
+                                       ("maskable_ppo", "rollout_buffer_class")])
+def test_models_saved_when_agents_was_a_top_level_package_load(tmp_path, monkeypatch, name, attr):
+    """0.5 and before installed agents/ as the top-level ``agents``, and SB3 pickles classes by
+    name: their files name ``agents.replay.SemiMDPReplayBuffer`` and the like. Such a file still
+    loads with ``load_agent``, and a user's own ``agents`` module is left in place."""
+    import base64
+    import importlib
+    import json
+    import sys
+    import types
+    import zipfile
+
+    import llm_lb_gym  # noqa: F401  (registers LLMCluster-v0, whose discounts pick these buffers)
+
+    agent = make_agent(name, gym.make("LLMCluster-v0", num_instances=2, num_requests=20))
+    cls = getattr(agent, attr)
+    module = importlib.import_module(cls.__module__)
+    old_name = cls.__module__.removeprefix("llm_lb_gym.")
+    assert old_name.startswith("agents.")
+    with monkeypatch.context() as m:   # save as 0.5 did
+        m.setitem(sys.modules, old_name, module)
+        m.setattr(cls, "__module__", old_name)
+        agent.save(tmp_path / name)
+    path = tmp_path / f"{name}.zip"
+    saved = json.loads(zipfile.ZipFile(path).read("data"))[attr][":serialized:"]
+    assert old_name.encode() in base64.b64decode(saved)
+    users_own = types.ModuleType("agents")   # not a package: no agents.replay in it
+    monkeypatch.setitem(sys.modules, "agents", users_own)
+    with pytest.raises(ModuleNotFoundError, match="agents"):
+        type(agent).load(path)   # SB3 alone
+    loaded = load_agent(name, path)
+    assert getattr(loaded, attr) is cls
+    assert sys.modules["agents"] is users_own and old_name not in sys.modules
+
+
 def test_agent_specs_match_what_the_agents_do(tmp_path):
     """The registry's data must describe the real classes: mask support, model file suffix."""
     env = FakeClusterEnv()
