@@ -13,7 +13,7 @@ Quick start::
 from llm_lb_gym.extras import require
 
 # the agents are torch and Stable-Baselines3: say which extra installs them
-require("rl", "the agents package", modules=("torch", "stable_baselines3", "sb3_contrib"))
+require("rl", "llm_lb_gym.agents", modules=("torch", "stable_baselines3", "sb3_contrib"))
 
 from llm_lb_gym.agents.base import Agent, accepts_action_masks, predict_action
 from llm_lb_gym.agents.callbacks import EpisodeMetricsCallback, PeriodicEvalCallback

@@ -14,7 +14,8 @@ from pathlib import Path
 import llm_lb_gym.conf as _conf_pkg
 
 CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
-"""conf/ is a package, so it is found from an editable install and from a wheel alike."""
+"""conf/ installs as the package ``llm_lb_gym.conf``, so it is found from an editable install and
+from a wheel alike."""
 
 
 def hydra_main(config_name: str):

@@ -198,7 +198,7 @@ def main(argv=None) -> dict:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from llm_lb_gym.extras import require
 
-    require("serve", "python -m llm_lb_gym.experiments.sim_to_real")
+    require("serve", "llm-lb-gym sim_to_real")
     from llm_lb_gym import __version__
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config, scaled_latency

@@ -6,7 +6,7 @@ fixes the workload sample and the predictions, so every policy sees the same req
 
 This module sits at the env's level of the package (it imports ``envs``, ``routers`` and
 ``sim``; none of those import it) and knows agents only by SB3's ``predict`` signature, so the
-package never imports the top-level ``agents`` package. :func:`predict_action` and
+core never imports ``llm_lb_gym.agents`` (which needs torch and SB3). :func:`predict_action` and
 :func:`accepts_action_masks` live here for that reason; ``llm_lb_gym.agents.base`` re-exports them.
 
 Action masks are an optional extra: SB3's plain ``DQN`` has no ``action_masks`` argument, while

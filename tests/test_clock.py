@@ -1,6 +1,6 @@
 """One decision clock: the grid walk lives in ``llm_lb_gym/sim/clock.py`` and nowhere else.
 
-A static scan (``ast``) of the package, ``agents`` and ``experiments`` fails on a second copy:
+A static scan (``ast``) of llm_lb_gym/, agents/ and experiments/ fails on a second copy:
 a loop that both moves a cluster's clock (``advance_to``) and routes (``route`` / ``decide``),
 the grid jump's arithmetic (``ceil`` of a time over the interval), a call of the jump helper
 or of ``Cluster.run_grid`` outside the clock, a request table built from a batch outside

@@ -104,7 +104,7 @@ def test_code_that_needs_an_extra_names_it():
     assert out.returncode == 1, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert len(lines) == 4 and all("pip install" in line for line in lines)
-    assert "import llm_lb_gym.agents -> the agents package needs" in lines[0] and "'rl'" in lines[0]
+    assert "import llm_lb_gym.agents -> llm_lb_gym.agents needs" in lines[0] and "'rl'" in lines[0]
     assert "llm-lb-gym train needs" in lines[1] and "missing: torch" in lines[1]
     assert "'plot'" in lines[3] and "matplotlib" in lines[3]
     # the command line: one clear line, no traceback

@@ -1,11 +1,12 @@
 """Entry points do not import each other: what two commands share lives in a library module.
 
 An entry point is a module of ``experiments/`` whose name has no leading underscore and that
-defines ``main`` at the top level (``python -m llm_lb_gym.experiments.NAME``, ``llm-lb-gym NAME``). When one
-imported another (``reproduce`` -> ``train``, ``evaluate``, ``load_sweep``, ``figures``), the
-shared code had no home, import cycles were broken by imports inside functions, and a change to
-one command's shell could break another. Read from the source with ``ast`` (imports inside
-functions included), so a lazy import that goes the wrong way fails here too.
+defines ``main`` at the top level (``python -m llm_lb_gym.experiments.NAME``,
+``llm-lb-gym NAME``). When one imported another (``reproduce`` -> ``train``, ``evaluate``,
+``load_sweep``, ``figures``), the shared code had no home, import cycles were broken by imports
+inside functions, and a change to one command's shell could break another. Read from the source
+with ``ast`` (imports inside functions included), so a lazy import that goes the wrong way fails
+here too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+PACKAGE = "llm_lb_gym.experiments"
+"""What experiments/ installs as (pyproject.toml's package-dir)."""
 SHIM = "__main__"
 """``python -m llm_lb_gym.experiments``: it only hands over to ``cli``, the dispatcher (which finds the
 commands by name with importlib, not by import)."""
@@ -36,18 +39,19 @@ ENTRY_POINTS = sorted(
 
 
 def _experiments_imports(name: str) -> list[tuple[str, bool]]:
-    """(module of ``experiments`` imported, whether the import is inside a function)."""
+    """(module of ``llm_lb_gym.experiments`` imported, whether the import is inside a function)."""
     found = []
 
     def visit(node, in_function: bool):
         for child in ast.iter_child_nodes(node):
             inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
             if isinstance(child, ast.Import):
-                found.extend((a.name.split(".")[1], inner) for a in child.names
-                             if a.name.startswith("experiments."))
+                found.extend((a.name.removeprefix(PACKAGE + ".").split(".")[0], inner)
+                             for a in child.names if a.name.startswith(PACKAGE + "."))
             elif isinstance(child, ast.ImportFrom):
-                if child.level == 1 or child.module == "experiments" or (child.module or "").startswith("experiments."):
-                    base = (child.module or "") if child.level else (child.module or "").removeprefix("experiments")
+                module = child.module or ""
+                if child.level == 1 or module == PACKAGE or module.startswith(PACKAGE + "."):
+                    base = module if child.level else module.removeprefix(PACKAGE)
                     base = base.lstrip(".")
                     if base:
                         found.append((base.split(".")[0], inner))

@@ -1,6 +1,7 @@
 """Imports point down the layers: sim <- data <- workload <- predictor <- routers <- envs <-
-rollout <- capacity <- calibration, and the package never imports the top-level ``agents`` or
-``experiments`` packages.
+rollout <- capacity <- calibration, and the core never imports ``llm_lb_gym.agents``,
+``llm_lb_gym.experiments`` or ``llm_lb_gym.conf``, which sit above it (agents/, experiments/ and
+conf/ at the repository's top level, installed inside the package: pyproject.toml's package-dir).
 
 Read from the source with ``ast`` (imports inside functions included), so a lazy import that
 goes the wrong way fails here rather than as a circular import in some user's process.
@@ -60,10 +61,14 @@ def test_the_scan_sees_the_package():
     assert f"{PACKAGE}.routers.mixing.mixing_score" in IMPORTS[f"{PACKAGE}.envs.reward"]
 
 
-@pytest.mark.parametrize("top", ["agents", "experiments"])
-def test_package_never_imports_agents_or_experiments(top):
-    bad = {m: sorted(n for n in names if n.split(".")[0] == top) for m, names in IMPORTS.items()}
+@pytest.mark.parametrize("above", [f"{PACKAGE}.agents", f"{PACKAGE}.experiments", f"{PACKAGE}.conf"])
+def test_core_never_imports_agents_experiments_or_conf(above):
+    """Also not by their old top-level names (``agents``, ``experiments``, ``conf``)."""
+    old = above.removeprefix(PACKAGE + ".")
+    bad = {m: sorted(n for n in names if n == above or n.startswith(above + ".")
+                     or n.split(".")[0] == old) for m, names in IMPORTS.items()}
     assert not {m: n for m, n in bad.items() if n}
+    assert not (ROOT / old).exists()   # the scan is of the core alone
 
 
 def test_sim_imports_nothing_outside_sim_and_no_gymnasium():

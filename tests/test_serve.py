@@ -415,7 +415,7 @@ def test_service_config_names_bad_options():
 
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
-    """An experiments.train-shaped run directory with a (fresh, untrained) Double-DQN for two
+    """An ``llm-lb-gym train``-shaped run directory with a (fresh, untrained) Double-DQN for two
     instances: what the service loads is the file format and the observation, not the skill."""
     torch = pytest.importorskip("torch")
     from hydra import compose, initialize_config_module

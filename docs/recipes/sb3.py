@@ -7,7 +7,7 @@ SB3's DQN never reads ``info["action_mask"]``; the env's default ``action.masked
 makes that safe (a masked action routes by JSQ, defers are budgeted: no stalled episodes).
 MaskablePPO reads the mask through ``ActionMasker`` (or the env's own ``action_masks()``).
 For this package's Double DQN with masks, semi-MDP discounts and warm starts use
-``llm-lb-gym train`` or ``agents.make_agent``.
+``llm-lb-gym train`` or ``llm_lb_gym.agents.make_agent``.
 """
 
 from __future__ import annotations
