@@ -308,8 +308,8 @@ def test_load_agent_roundtrip_and_masked_ppo_learns(tmp_path):
                                        ("maskable_ppo", "rollout_buffer_class")])
 def test_models_saved_when_agents_was_a_top_level_package_load(tmp_path, monkeypatch, name, attr):
     """0.5 and before installed agents/ as the top-level ``agents``, and SB3 pickles classes by
-    name: their files name ``agents.replay.SemiMDPReplayBuffer`` and the like. Such a file still
-    loads with ``load_agent``, and a user's own ``agents`` module is left in place."""
+    name: files of 0.5 and before name ``agents.replay.SemiMDPReplayBuffer`` and the like. Such a
+    file still loads with ``load_agent``, and a user's own ``agents`` module is left in place."""
     import base64
     import importlib
     import json
