@@ -442,3 +442,47 @@ def train(cfg, out: Path | None = None, leave_bars: bool = True) -> dict[str, An
     return {"out": out, "model_path": model_path, "eval": ev, "history": history,
             "validation": validation, "train_wall_s": train_wall, "eval_wall_s": eval_wall,
             "change_vs_baseline_pct": change_pct}
+
+
+# ----------------------------------------------------------------- the distilled network
+def policy_iteration_config(cfg):
+    """``PolicyIterationConfig`` of a composed ``improve`` config's ``improve`` block (unknown keys
+    are named errors)."""
+    from dataclasses import fields
+
+    from llm_lb_gym._validate import reject_unknown
+    from llm_lb_gym.agents.policy_iteration import PolicyIterationConfig
+
+    opts = to_container(cfg.improve)
+    for key in ("validation_seeds", "net_arch"):
+        opts[key] = tuple(opts[key])
+    reject_unknown("improve", opts, [f.name for f in fields(PolicyIterationConfig)])
+    return PolicyIterationConfig(**opts)
+
+
+def train_distilled(cfg, out: Path, log=say) -> dict[str, Any]:
+    """Policy iteration (``llm_lb_gym.agents.policy_iteration``) on a composed ``improve`` config,
+    as ``llm-lb-gym improve`` and ``reproduce``'s ``distilled`` variant run it: each round's
+    network and the best (``best_policy.pt``) in ``out``, the rounds in ``out/tb``. Returns the
+    model path, the env options ``evaluate`` must give the agent (the config's action and
+    observation options, plus ``DistilledAgent.ENV_OPTIONS``), the history and the wall time."""
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    from llm_lb_gym.agents.policy_iteration import DistilledAgent, policy_iteration
+
+    torch.set_num_threads(1)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pc = policy_iteration_config(cfg)
+    kw = env_kwargs(cfg)
+    writer = SummaryWriter(str(out / "tb" / "distilled"))
+    t0 = time.perf_counter()
+    res = policy_iteration(kw, pc, out=out, log=log, writer=writer)
+    writer.close()
+    env = to_container(cfg.env)
+    agent_env = {k: env[k] for k in ("action", "obs") if k in env}
+    agent_env["action"] = {**agent_env.get("action", {}), **DistilledAgent.ENV_OPTIONS["action"]}
+    return {"model": str(out / "best_policy.pt"), "kind": "distilled", "env": agent_env,
+            "teacher": pc.teacher, "best_round": res["best_round"], "history": res["history"],
+            "train_wall_s": time.perf_counter() - t0}

@@ -30,22 +30,10 @@ from llm_lb_gym.experiments._evaluation import evaluate
 from llm_lb_gym.experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
 from llm_lb_gym.experiments._tables import paired_change
+from llm_lb_gym.experiments._training import policy_iteration_config, train_distilled
 
 NAME = "distilled"
 """The trained network's name in the tables (``learned_router`` stays the Double-DQN router's)."""
-
-
-def policy_iteration_config(cfg):
-    from llm_lb_gym.agents.policy_iteration import PolicyIterationConfig
-
-    opts = to_container(cfg.improve)
-    for key in ("validation_seeds", "net_arch"):
-        opts[key] = tuple(opts[key])
-    from llm_lb_gym._validate import reject_unknown
-    from dataclasses import fields
-
-    reject_unknown("improve", opts, [f.name for f in fields(PolicyIterationConfig)])
-    return PolicyIterationConfig(**opts)
 
 
 def paired_rows(rows: list[dict], policy: str, base: str, key: str = "mean_e2e_s"):
@@ -73,23 +61,18 @@ def decision_time_ms(kw: dict, path: Path, seed: int) -> dict:
 
 
 def improve(cfg, out: Path | None = None) -> dict:
-    import torch
     from omegaconf import OmegaConf
-    from torch.utils.tensorboard import SummaryWriter
 
-    from llm_lb_gym.agents.policy_iteration import DistilledAgent, policy_iteration
-    torch.set_num_threads(1)
+    from llm_lb_gym.agents.policy_iteration import DistilledAgent
+
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
-    pc = policy_iteration_config(cfg)
+    pc = policy_iteration_config(cfg)   # a bad option fails before anything runs
     kw = env_kwargs(cfg)
     write_run_record(out, cfg)
-    writer = SummaryWriter(str(out / "tb" / NAME))
-    t0 = time.perf_counter()
-    res = policy_iteration(kw, pc, out=out, log=say, writer=writer)
-    writer.close()
-    train_wall = time.perf_counter() - t0
-    path = out / "best_policy.pt"
+    trained = train_distilled(cfg, out)
+    train_wall = trained["train_wall_s"]
+    path = Path(trained["model"])
     ev_cfg = OmegaConf.create({
         "env": to_container(cfg.env), "engine": to_container(cfg.engine),
         "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
@@ -107,13 +90,13 @@ def improve(cfg, out: Path | None = None) -> dict:
     teacher_vs_rr = paired_rows(rows, pc.teacher, "round_robin")
     decision_ms = decision_time_ms(kw, path, int(cfg.test.seed))
     summary = {
-        "best_round": res["best_round"], "history": res["history"], "train_wall_s": round(train_wall, 1),
+        "best_round": trained["best_round"], "history": trained["history"], "train_wall_s": round(train_wall, 1),
         "test_wall_s": round(time.perf_counter() - t1, 1),
         "change_vs_round_robin_pct": vs_rr, "teacher_change_vs_round_robin_pct": teacher_vs_rr,
         "change_vs_teacher_pct": vs_teacher, "change_vs_each_pct": vs_each, "decision_ms": decision_ms,
         "table": ev["table"]}
     (out / "improve_summary.json").write_text(json.dumps(summary, indent=2))
-    say(f"{NAME} (best round {res['best_round']}, trained in {train_wall:.0f} s): "
+    say(f"{NAME} (best round {trained['best_round']}, trained in {train_wall:.0f} s): "
         f"mean E2E {vs_rr[0]:+.2f} ± {vs_rr[1]:.2f}% vs round robin "
         f"({pc.teacher}: {teacher_vs_rr[0]:+.2f} ± {teacher_vs_rr[1]:.2f}%), "
         f"{vs_teacher[0]:+.2f} ± {vs_teacher[1]:.2f}% vs {pc.teacher} (paired 95% CIs, "

@@ -40,7 +40,7 @@ from llm_lb_gym.experiments._figures import reproduce_figures
 from llm_lb_gym.experiments._hydra import compose, env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import progress_bar, say
 from llm_lb_gym.experiments._tables import paired_change
-from llm_lb_gym.experiments._training import train
+from llm_lb_gym.experiments._training import train, train_distilled
 from llm_lb_gym.capacity import capacity_rps
 
 STEPS_PER_REQUEST_LIMIT = 20
@@ -128,9 +128,31 @@ def _variant_experiments(var) -> list[str]:
     return [] if exp is None else ([exp] if isinstance(exp, str) else list(exp))
 
 
+def _train_distilled_variant(cfg, setting: str, key: str, out: Path) -> dict:
+    """A variant with ``trainer: improve``: policy iteration on the setting (``conf/improve.yaml``
+    with the variant's experiments). Its ``scored_teacher`` experiment reads the setting's
+    searched ``scored_binding`` options; a setting without them gets ``late_binding`` as the
+    teacher instead, and the run says so."""
+    var = cfg.variants[key]
+    more = _variant_experiments(var)
+    probe = compose("evaluate", [_experiment(cfg, setting)])
+    if "scored_teacher" in more and "scored_binding" not in (probe.get("eval") or {}).get("policy_options", {}):
+        more = [m for m in more if m != "scored_teacher"]
+        say(f"{setting}: no searched scored_binding options (eval.policy_options.scored_binding); "
+            f"variant {key} distils late_binding instead")
+    overrides = [_experiment(cfg, setting, *more), f"seed={cfg.seed}",
+                 f"progress={str(bool(cfg.get('progress', True))).lower()}", *list(var.get("overrides") or [])]
+    icfg = _with_workload(cfg, compose("improve", overrides))
+    res = train_distilled(icfg, out)
+    return {**{k: res[k] for k in ("model", "kind", "env", "teacher", "best_round", "train_wall_s")},
+            "train_episodes": None, "overrides": overrides}
+
+
 def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
 
     var = cfg.variants[key]
+    if var.get("trainer", "train") == "improve":
+        return _train_distilled_variant(cfg, setting, key, out)
     overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={cfg.agent}",
                  f"seed={cfg.seed}", f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2",
                  "eval.plot=false", f"progress={str(bool(cfg.get('progress', True))).lower()}",
@@ -160,7 +182,8 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
         run = Path(cfg.models_from) / setting / key if cfg.models_from else None
         if run is not None and key not in list(cfg.get("retrain") or []) and run.exists():
             rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}
-            trained[key] = {**rec, "model": str(_model_path(run, cfg.agent)), "train_wall_s": rec.get("train_wall_s")}
+            model = rec["model"] if rec.get("kind") == "distilled" else str(_model_path(run, cfg.agent))
+            trained[key] = {**rec, "model": model, "train_wall_s": rec.get("train_wall_s")}
         else:
             if bar is not None:
                 bar.set_postfix_str(f"{setting}: train {key}")
@@ -180,7 +203,7 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
                              else exp_eval.get("policies", ecfg.policies))
         ecfg.policies += [p for p in (cfg.get("extra_policies") or []) if p not in ecfg.policies]
         ecfg.plot = bool(exp_eval.get("plot", True))
-        ecfg.agents = {k: {"kind": cfg.agent, "path": v["model"], "env": v.get("env") or {}}
+        ecfg.agents = {k: {"kind": v.get("kind") or cfg.agent, "path": v["model"], "env": v.get("env") or {}}
                        for k, v in trained.items()}
         # An agent that defers forever is cut off (requests left unfinished are reported).
         ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
@@ -248,7 +271,7 @@ def transfer_setting(cfg, spec, results: list[dict], out: Path) -> dict:
         ecfg.plot = False
         tr = src["trained"][spec.variant]
         ecfg.agents = {f"{spec.variant}_m{spec.num_instances}": {
-            "kind": cfg.agent, "path": tr["model"], "env": tr.get("env") or {}, "any_instances": True}}
+            "kind": tr.get("kind") or cfg.agent, "path": tr["model"], "env": tr.get("env") or {}, "any_instances": True}}
         ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
         ecfg.progress = bool(cfg.get("progress", True))
     t0 = time.perf_counter()

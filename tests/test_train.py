@@ -142,6 +142,29 @@ def test_reproduce_writes_the_paper_table(tmp_path):
         assert (tmp_path / figure).stat().st_size > 0, figure
 
 
+def test_reproduce_distils_a_network_per_setting_and_reuses_it(tmp_path):
+    """The ``distilled`` variant: policy iteration from the setting's searched scored_binding
+    (conf/improve.yaml, ``trainer: improve``), evaluated beside the heuristics as ``kind:
+    distilled``; ``models_from`` reuses the saved network instead of training it again."""
+    from llm_lb_gym.experiments.reproduce import reproduce
+
+    small = ("+variants.distilled.overrides=['improve.rounds=1','improve.episodes_per_round=1',"
+             "'improve.max_labels_per_episode=3','improve.label_every=3','improve.validation_seeds=[500]',"
+             "'improve.epochs=1','improve.executor=inline']")
+    base = ["extra_experiments=[debug]", "run_variants=[distilled]", "eval_episodes=2", "extra_policies=[]",
+            "policies=[round_robin,scored_binding]", "figures=false", small]
+    reproduce(_compose("reproduce", base), out=tmp_path / "a")
+    rec = json.loads((tmp_path / "a" / "paper_v100" / "distilled" / "variant.json").read_text())
+    assert rec["kind"] == "distilled" and rec["teacher"] == "scored_binding"
+    assert rec["env"]["action"]["order"] == "scored" and Path(rec["model"]).exists()
+    text = (tmp_path / "a" / "reproduction.md").read_text()
+    assert "| Distilled network (policy iteration) |" in text and "| scored_binding |" in text
+    res = reproduce(_compose("reproduce", [*base, f"models_from={tmp_path / 'a'}"]), out=tmp_path / "b")
+    assert not (tmp_path / "b" / "paper_v100" / "distilled").exists()   # reused, not trained
+    assert res["results"][0]["trained"]["distilled"]["model"] == rec["model"]
+    assert (tmp_path / "b" / "reproduction.md").read_text().count("| Distilled network (policy iteration) |") == 1
+
+
 def test_load_sweep_table(tmp_path):
     from llm_lb_gym.experiments.load_sweep import load_sweep
 
