@@ -1,4 +1,5 @@
-"""Build hook: compile the simulator's engine with Cython when possible (optional).
+"""Build hook: compile the simulator's engine and the env's step kernels with Cython when possible
+(optional).
 
 Everything else is declared in pyproject.toml. The engine's modules (``MODULES`` below:
 ``llm_lb_gym/sim/<name>.py``) are plain Python; a copy of each, typed by its ``<name>.pxd``,
@@ -7,7 +8,9 @@ it is chosen at run time). In the copies, imports between these modules are rena
 compiled modules (``from .kv_cache import`` -> ``from ._kv_cache_c import``, the same in the
 .pxd's cimports), so the engine calls its parts as C functions. If Cython or a C compiler is
 missing, or ``LLM_LB_GYM_PURE_PYTHON=1`` is set, the package installs without it and runs the
-same engine in pure Python.
+same engine in pure Python. ``llm_lb_gym/envs/step_kernels.pyx`` (the env's observation and
+guidance arithmetic, reading the compiled engine as C) becomes ``llm_lb_gym.envs._step_kernels_c``
+the same way (``llm_lb_gym/envs/_kernels.py`` chooses it at run time).
 """
 
 import hashlib
@@ -21,6 +24,8 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 SIM = ROOT / "llm_lb_gym" / "sim"
+ENVS = ROOT / "llm_lb_gym" / "envs"
+KERNELS = "step_kernels.pyx"   # compiled after the engine; keep in sync with envs/_kernels.py
 # Compiled modules, each one imported only by those after it. Keep in sync with
 # llm_lb_gym/sim/_compiled.py (its MODULES; a test checks they agree).
 MODULES = ("iteration_timing", "kv_cache", "scheduler", "progress", "engine", "penalty")
@@ -63,11 +68,31 @@ def _extensions() -> list:
             # No fused multiply-add: keep every float operation as Python evaluates it.
             extra_compile_args=["-O2", "-ffp-contract=off"]))
     try:
-        return cythonize(exts, language_level=3, quiet=True,
+        exts = cythonize(exts, language_level=3, quiet=True,
                          compiler_directives={"cdivision": False, "infer_types": None,
                                               "annotation_typing": False})
     except Exception as exc:   # a typing error in a .pxd: install without it
         _warn(f"Cython failed ({exc})")
+        return []
+    return exts + _kernel_extensions(cythonize, h.copy(), gen.parent)
+
+
+def _kernel_extensions(cythonize, h, gen_pkg: Path) -> list:
+    """The env's step kernels: they cimport the compiled engine (its generated .pxd under
+    ``gen_pkg``), so their digest covers the engine's sources and their own."""
+    h.update((ENVS / KERNELS).read_bytes())
+    gen = gen_pkg / "envs"
+    gen.mkdir(exist_ok=True)
+    (gen / "__init__.py").touch()
+    (gen / "_step_kernels_c.pyx").write_text(
+        (ENVS / KERNELS).read_text() + f'\n\nSOURCE_SHA256 = "{h.hexdigest()}"   # added by setup.py\n')
+    ext = Extension("llm_lb_gym.envs._step_kernels_c", [str(gen / "_step_kernels_c.pyx")],
+                    extra_compile_args=["-O2", "-ffp-contract=off"])
+    try:
+        return cythonize([ext], language_level=3, quiet=True, include_path=[str(gen_pkg.parent)])
+    except Exception as exc:
+        print(f"llm_lb_gym setup: Cython failed on {KERNELS} ({exc}); the env's observation "
+              "will be built in Python", file=sys.stderr)
         return []
 
 

@@ -23,6 +23,7 @@ from ..sim.request import RequestTable
 from ..sim.slo import request_deadlines
 from ..sim.speed import InstanceSpeeds
 from ..workload.batch import RequestBatch
+from ._kernels import kernels_for
 from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
@@ -202,6 +203,11 @@ class LLMClusterEnv(gym.Env):
         # Discount of one decision interval (1 per-step: nothing inside a step is discounted).
         self._g = math.exp(-self._dt / rc.horizon_s) if self._semi_mdp else 1.0
         self._batched_grid = True
+        # Per episode (reset): the observation function and, with the compiled engine, the
+        # compiled kernels of the idle test and the mixing guidance (None: the Python code).
+        self._obs_fn = self.obs_builder.observe
+        self._all_idle = None
+        self._mixing_h = None
         self.cluster: Cluster | None = None
         self.batch: RequestBatch | None = None
         self._teacher = None
@@ -314,6 +320,13 @@ class LLMClusterEnv(gym.Env):
         self._guarded = False
         self.masked_actions = 0
         self._fallback_seeded = False
+        kernels = kernels_for(self.cluster.engines)
+        self._obs_fn = ob.observer(self.cluster)
+        self._all_idle = kernels.all_idle if kernels is not None else None
+        self._mixing_h = None
+        if kernels is not None and self._guided and rc.teacher == MIXING_TEACHER:
+            mp = rc.mixing
+            self._mixing_h = kernels.MixingGuidance(mp.grad1, mp.grad2, mp.eps_s, mp.alpha).h
         self.cluster.advance_to(0.0)   # requests arriving at t = 0 are decided at t = 0
         pen, comp, _, met = self._advance_until_decision(0)
         obs = self._observe()
@@ -403,8 +416,11 @@ class LLMClusterEnv(gym.Env):
             if self._teacher is None and position is not None:   # the mixing estimator (inline)
                 rid = c.queue[position]
                 tb = c.table
-                h = guidance_term([e.committed_tokens for e in c.engines], tb.prompt[rid],
-                                  tb.pred[rid], instance, self._reward_cfg)
+                if self._mixing_h is not None:   # compiled: the same arithmetic
+                    h = self._mixing_h(c.engines, tb.prompt[rid], tb.pred[rid], instance)
+                else:
+                    h = guidance_term([e.committed_tokens for e in c.engines], tb.prompt[rid],
+                                      tb.pred[rid], instance, self._reward_cfg)
             else:
                 h = self._guidance(position, instance)
         if position is not None:
@@ -470,18 +486,21 @@ class LLMClusterEnv(gym.Env):
         defer_ok = True   # with no candidate only defer is valid
         if n:
             if self._mask_idle_defer:   # requests wait on an idle cluster: no defer
-                for e in self.cluster.engines:
-                    if not e.idle():
-                        break
+                if self._all_idle is not None:
+                    defer_ok = not self._all_idle(self.cluster.engines)
                 else:
-                    defer_ok = False
+                    for e in self.cluster.engines:
+                        if not e.idle():
+                            break
+                    else:
+                        defer_ok = False
             if defer_ok and self._guarded and self._defer_budget_spent():
                 defer_ok = False
         mask = self._masks.get(2 * n + defer_ok)
         self._mask = mask if mask is not None else self._mask_of(n, defer_ok)
         # What step checks an action against (a tuple indexes faster than an array).
         self._valid_routes, self._defer_ok = n * self.m, defer_ok
-        return self.obs_builder.observe(self.cluster, cands)
+        return self._obs_fn(self.cluster, cands)
 
     def _candidates(self) -> tuple[int, ...]:
         """The request ids the agent may route now (``ActionConfig``)."""

@@ -56,6 +56,7 @@ from gymnasium import spaces
 
 from ..limits import MAX_REQUESTS
 from ..predictor.buckets import BucketScheme
+from ._kernels import kernels_for
 from .config import ObsConfig
 
 GLOBAL_FEATURES = ("arrivals_left",)
@@ -219,6 +220,10 @@ class ObservationBuilder:
         # one list display by observe. One KV size for all instances: passed as is.
         self._paper_head = self.k == 1 and not (self.f_arrivals or self._cand_extras)
         self._kv_all = kv_list[0] if len(set(kv_list)) == 1 else None
+        # The compiled kernel fills the layouts without extras (see ``observer``).
+        self._kernel_layout = not (self._cand_extras or self._inst_extras or cfg.as_dict
+                                   or self.round is not None)
+        self._flat = None
         lo, hi, scale = [], [], []
 
         def add(low, high, sc):
@@ -348,6 +353,22 @@ class ObservationBuilder:
         if not self.cfg.as_dict:
             return flat
         return self.to_dict(flat)
+
+    def observer(self, cluster):
+        """What the env calls for each observation of ``cluster``'s episode, as
+        ``f(cluster, candidates)`` with a tuple of candidates: ``step_kernels.FlatObservation``'s
+        ``observe`` (the same array, filled in C) when the compiled kernels are built and
+        ``cluster`` runs the compiled engine and the layout has no extra feature, rounding or
+        dict; else ``observe``, the reference."""
+        if self._kernel_layout:
+            kernels = kernels_for(cluster.engines)
+            if kernels is not None:
+                if self._flat is None:
+                    self._flat = kernels.FlatObservation(
+                        self.scale, self.kv_tokens_list, self.k, self.n_p, self.n_d,
+                        self._queue_cap, self.f_arrivals)
+                return self._flat.observe
+        return self.observe
 
     def _candidates_into(self, vals: list, cluster, candidates) -> None:
         """The k candidate blocks, with ``age`` and ``block_need`` when on (0s for an empty slot)."""
