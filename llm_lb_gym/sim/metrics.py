@@ -24,16 +24,34 @@ SLO_METRIC_KEYS = ("slo_met", "slo_attainment_pct", "slo_ttft_attainment_pct",
 """Added to the summary when the episode's requests have deadlines (``sim/slo.py``)."""
 
 
-def request_latencies(table: RequestTable) -> dict[str, np.ndarray]:
-    """Derived per-request arrays over the finished requests."""
-    status = table.column("status")
+class Columns:
+    """``table.column(name)``, each converted once: one summary reads some columns several
+    times, and the conversions were most of its cost (the env computes it at every episode's
+    end). The arrays are shared: callers must not modify them."""
+
+    def __init__(self, table: RequestTable):
+        self.table = table
+        self._cache: dict[str, np.ndarray] = {}
+
+    def __call__(self, name: str) -> np.ndarray:
+        col = self._cache.get(name)
+        if col is None:
+            col = self._cache[name] = self.table.column(name)
+        return col
+
+
+def request_latencies(table: RequestTable, column: Columns | None = None) -> dict[str, np.ndarray]:
+    """Derived per-request arrays over the finished requests (``column``: a ``Columns`` of
+    ``table`` to share conversions with)."""
+    column = column or Columns(table)
+    status = column("status")
     fin = status == Status.FINISHED
-    arr = table.column("arrival_s")[fin]
-    first = table.column("first_token_s")[fin]
-    finish = table.column("finish_s")[fin]
-    routed = table.column("routed_s")[fin]
-    sched = table.column("first_scheduled_s")[fin]
-    dec = table.column("decode")[fin]
+    arr = column("arrival_s")[fin]
+    first = column("first_token_s")[fin]
+    finish = column("finish_s")[fin]
+    routed = column("routed_s")[fin]
+    sched = column("first_scheduled_s")[fin]
+    dec = column("decode")[fin]
     multi = dec > 1
     tbt = (finish[multi] - first[multi]) / (dec[multi] - 1)
     return {
@@ -42,13 +60,19 @@ def request_latencies(table: RequestTable) -> dict[str, np.ndarray]:
         "tbt_s": tbt,
         "router_wait_s": routed - arr,
         "queue_wait_s": sched - routed,
-        "instance": table.column("instance")[fin],
-        "preemptions": table.column("preemptions")[fin],
+        "instance": column("instance")[fin],
+        "preemptions": column("preemptions")[fin],
     }
 
 
 def _pct(x: np.ndarray, q: float) -> float:
     return float(np.percentile(x, q)) if len(x) else math.nan
+
+
+def _pcts(x: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """``[_pct(x, q) for q in qs]`` in one call (the same values: one partition, the same
+    interpolation per q)."""
+    return [float(v) for v in np.percentile(x, qs)] if len(x) else [math.nan] * len(qs)
 
 
 def _mean(x: np.ndarray) -> float:
@@ -88,33 +112,36 @@ def prefix_cache_metrics(engines) -> dict[str, float]:
 def episode_metrics(table: RequestTable) -> dict[str, float]:
     """The episode summary: counts, latency means and percentiles, throughput, and with
     deadlines SLO attainment and goodput (``SLO_METRIC_KEYS``)."""
-    lat = request_latencies(table)
-    status = table.column("status")
+    column = Columns(table)
+    lat = request_latencies(table, column)
+    status = column("status")
     n_fin = int(np.sum(status == Status.FINISHED))
     n_rej = int(np.sum(status == Status.REJECTED))
     e2e, ttft, tbt = lat["e2e_s"], lat["ttft_s"], lat["tbt_s"]
     if n_fin:
         fin = status == Status.FINISHED
-        makespan = float(np.max(table.column("finish_s")[fin]) - np.min(table.column("arrival_s")))
+        makespan = float(np.max(column("finish_s")[fin]) - np.min(column("arrival_s")))
     else:
         makespan = 0.0
+    e2e50, e2e90, e2e99 = _pcts(e2e, (50, 90, 99))
+    ttft50, ttft99 = _pcts(ttft, (50, 99))
     out = {
         "num_requests": table.n, "completed": n_fin, "rejected": n_rej,
-        "mean_e2e_s": _mean(e2e), "p50_e2e_s": _pct(e2e, 50), "p90_e2e_s": _pct(e2e, 90),
-        "p99_e2e_s": _pct(e2e, 99), "mean_ttft_s": _mean(ttft), "p50_ttft_s": _pct(ttft, 50),
-        "p99_ttft_s": _pct(ttft, 99), "mean_tbt_s": _mean(tbt), "p99_tbt_s": _pct(tbt, 99),
+        "mean_e2e_s": _mean(e2e), "p50_e2e_s": e2e50, "p90_e2e_s": e2e90,
+        "p99_e2e_s": e2e99, "mean_ttft_s": _mean(ttft), "p50_ttft_s": ttft50,
+        "p99_ttft_s": ttft99, "mean_tbt_s": _mean(tbt), "p99_tbt_s": _pct(tbt, 99),
         "mean_router_wait_s": _mean(lat["router_wait_s"]),
         # The tail of the router wait: how long a router that holds requests (late binding,
         # shortest-first) lets the unlucky ones wait, i.e. whether its starvation bound holds.
         "p99_router_wait_s": _pct(lat["router_wait_s"], 99),
         "max_router_wait_s": float(np.max(lat["router_wait_s"])) if len(e2e) else math.nan,
         "mean_queue_wait_s": _mean(lat["queue_wait_s"]),
-        "preemptions": int(np.sum(table.column("preemptions"))),
+        "preemptions": int(np.sum(column("preemptions"))),
         "makespan_s": makespan,
         "throughput_rps": n_fin / makespan if makespan > 0 else 0.0,
     }
     if table.slo_on:
-        out.update(slo_metrics(table, makespan))
+        out.update(slo_metrics(table, makespan, column))
     reasons = [r for r in table.reject_reason if r is not None]
     for reason in sorted(set(reasons)):
         out[f"rejected_{reason}"] = reasons.count(reason)

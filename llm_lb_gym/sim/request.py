@@ -169,4 +169,6 @@ class RequestTable:
 
     def column(self, name: str) -> np.ndarray:
         """A field as a numpy array (for metrics)."""
+        if name == "status" and self.n:   # Status members: np.asarray inspects each (3x slower)
+            return np.fromiter(self.status, np.int64, self.n)
         return np.asarray(getattr(self, name))

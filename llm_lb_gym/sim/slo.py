@@ -189,29 +189,31 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
     return out[0], out[1]
 
 
-def slo_met_masks(table) -> tuple[np.ndarray, np.ndarray]:
+def slo_met_masks(table, column=None) -> tuple[np.ndarray, np.ndarray]:
     """Per request: (met its TTFT deadline, met its TBT deadline); False unless it finished.
-    The same arithmetic as ``RequestTable.meets_slo`` (the engine's count), element-wise."""
+    The same arithmetic as ``RequestTable.meets_slo`` (the engine's count), element-wise.
+    ``column``: a ``metrics.Columns`` of ``table`` to share conversions with."""
     from .request import Status
 
-    fin = table.column("status") == Status.FINISHED
-    arr = table.column("arrival_s")
-    first = table.column("first_token_s")
-    finish = table.column("finish_s")
-    dec = table.column("decode")
+    column = column or table.column
+    fin = column("status") == Status.FINISHED
+    arr = column("arrival_s")
+    first = column("first_token_s")
+    finish = column("finish_s")
+    dec = column("decode")
     with np.errstate(invalid="ignore", divide="ignore"):
-        ttft_ok = fin & (first - arr <= table.column("ttft_deadline_s"))
+        ttft_ok = fin & (first - arr <= column("ttft_deadline_s"))
         tbt = (finish - first) / np.maximum(dec - 1, 1)
-        tbt_ok = fin & ((dec <= 1) | (tbt <= table.column("tbt_deadline_s")))
+        tbt_ok = fin & ((dec <= 1) | (tbt <= column("tbt_deadline_s")))
     return ttft_ok, tbt_ok
 
 
-def slo_metrics(table, makespan_s: float) -> dict[str, float]:
+def slo_metrics(table, makespan_s: float, column=None) -> dict[str, float]:
     """SLO attainment (% of the episode's requests meeting both deadlines; also TTFT-only and
     TBT-only) and goodput: requests meeting both per second of the makespan (first arrival to
     last completion, the throughput's denominator), so goodput = throughput x the share of
     completed requests that met their SLO."""
-    ttft_ok, tbt_ok = slo_met_masks(table)
+    ttft_ok, tbt_ok = slo_met_masks(table, column)
     both = int(np.sum(ttft_ok & tbt_ok))
     n = table.n
     pct = (lambda k: 100.0 * k / n) if n else (lambda k: math.nan)
