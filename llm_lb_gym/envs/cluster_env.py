@@ -340,15 +340,14 @@ class LLMClusterEnv(gym.Env):
         n_actions = self.defer_action + 1
         # coerce_action's first case inline: a plain int in range needs no call.
         a = action if type(action) is int and 0 <= action < n_actions else coerce_action(action, n_actions)
-        valid = self._valid_routes
-        if self._fallback_on and self.cluster is not None and self.cluster.queue \
-                and not (a < valid or (a == n_actions - 1 and self._defer_ok)):   # masked
-            return self._fallback_step()
-        if a < valid:
+        if a < self._valid_routes:   # routes a candidate (the common case first)
             rid = self._cands[a // self.m]
             q = self.cluster.queue
             pos = 0 if q[0] == rid else q.index(rid)
             return self._transition(pos, a % self.m)
+        if self._fallback_on and self.cluster is not None and self.cluster.queue \
+                and not (a == n_actions - 1 and self._defer_ok):   # masked
+            return self._fallback_step()
         return self._transition(None, self.m)   # defer (or a slot with no request: a no-op)
 
     def _fallback_step(self):
