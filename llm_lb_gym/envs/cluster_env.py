@@ -432,10 +432,17 @@ class LLMClusterEnv(gym.Env):
             pen += p
             comp += n
             met += nm
-        p, n, _, nm = self._advance_until_decision(k_start)
+        if self._batched_grid:   # _advance_until_decision's batched path, inline
+            p, self._k, count, n, nm = skip_to_decision(c, self._k, self._dt, k_start, self._g)
+            self._finished_seen += count
+            if self._slo_reward:
+                self._met_seen = c.n_slo_met
+                met += nm
+        else:
+            p, n, _, nm = self._advance_until_decision(k_start)
+            met += nm
         pen += p
         comp += n
-        met += nm
         penalty = -self._pen_unit * pen
         completion = self._completion_reward * comp
         guidance = self._w * h

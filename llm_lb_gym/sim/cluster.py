@@ -23,6 +23,8 @@ from .config import ClusterConfig
 from .request import RequestTable, Status
 from .speed import InstanceSpeeds
 
+_QUEUED, _REJECTED = Status.QUEUED, Status.REJECTED   # read once: an Enum attribute costs ~0.1 us
+
 
 class Cluster:
     def __init__(self, cfg: ClusterConfig, table: RequestTable, *, num_prompt_buckets: int = 1,
@@ -106,11 +108,11 @@ class Cluster:
         elif self._max_batched is not None and p > self._max_batched:
             reason = "exceeds_max_num_batched_tokens"
         if reason is not None:
-            tb.status[rid] = Status.REJECTED
+            tb.status[rid] = _REJECTED
             tb.reject_reason[rid] = reason
             self.n_rejected += 1
             return
-        tb.status[rid] = Status.QUEUED
+        tb.status[rid] = _QUEUED
         self.queue.append(rid)
         self.queue_penalty += 1.0 if self.count_penalty else tb.inv_ideal[rid]
 
