@@ -63,8 +63,10 @@ def _episode_states(seed, **options):
      "action": {"candidates": 3}},
     {"num_requests": 200, "arrival_rate_rps": 60.0, "action": {"candidates": 4, "order": "shortest"},
      "obs": {"prompt_edges_tokens": [128, 512, 1024], "queue_cap": 8}},
+    {"num_requests": 150, "arrival_rate_rps": 80.0, "obs": {"queue_cap": 2**63}},   # no C long
     {"num_requests": 200, "engine": {"chunked_prefill": True, "max_num_batched_tokens": 512}},
-], ids=["default", "tight_kv", "raw", "arrivals_k3", "shortest_k4_buckets", "chunked"])
+], ids=["default", "tight_kv", "raw", "arrivals_k3", "shortest_k4_buckets", "huge_queue_cap",
+        "chunked"])
 def test_compiled_observation_equals_python_bit_for_bit(options):
     steps = 0
     for env in _episode_states(3, **options):

@@ -13,6 +13,7 @@ at each reset (``ObservationBuilder.fast_observe``).
 """
 
 from cpython.buffer cimport PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.pyport cimport PY_SSIZE_T_MAX
 from libc.stdlib cimport free, malloc
 
 from llm_lb_gym.sim._engine_c cimport Engine
@@ -28,8 +29,7 @@ cdef class FlatObservation:
     cdef tuple args
     cdef float *scale
     cdef double *kv
-    cdef Py_ssize_t size, m, k, n_p, n_d, cand0, inst0
-    cdef long queue_cap
+    cdef Py_ssize_t size, m, k, n_p, n_d, cand0, inst0, queue_cap
     cdef bint arrivals
 
     def __cinit__(self):
@@ -37,14 +37,15 @@ cdef class FlatObservation:
         self.kv = NULL
 
     def __init__(self, scale, kv_tokens, Py_ssize_t num_candidates, Py_ssize_t n_p,
-                 Py_ssize_t n_d, long queue_cap, bint arrivals_left):
+                 Py_ssize_t n_d, queue_cap, bint arrivals_left):
         cdef Py_ssize_t i
         self.args = (scale, kv_tokens, num_candidates, n_p, n_d, queue_cap, arrivals_left)
         self.size = len(scale)
         self.m = len(kv_tokens)
         self.k = num_candidates
         self.n_p, self.n_d = n_p, n_d
-        self.queue_cap = queue_cap
+        # Any length a queue can have is below PY_SSIZE_T_MAX: a larger cap is the same as it.
+        self.queue_cap = queue_cap if queue_cap < PY_SSIZE_T_MAX else PY_SSIZE_T_MAX
         self.arrivals = arrivals_left
         self.cand0 = 1 + arrivals_left
         self.inst0 = self.cand0 + 3 * self.k
@@ -81,7 +82,7 @@ cdef class FlatObservation:
     cdef _fill(self, float *o, cluster, tuple candidates):
         cdef float *sc = self.scale
         cdef Py_ssize_t i, j, b, n, pos
-        cdef long ql
+        cdef Py_ssize_t ql
         cdef double cap
         cdef Engine e
         cdef list engines = cluster.engines
