@@ -186,9 +186,11 @@ def test_variants_are_reward_modes():
     assert {v.reward for v in rep.variants.values() if v.get("reward")} == set(cfgs)
     for setting in list(rep.settings) + list(rep.paper) + list(rep.paper_as):
         assert (CONF / "experiment" / f"{setting}.yaml").exists(), setting
-    for v in rep.variants.values():   # a variant beyond the paper names its experiment
+    for v in rep.variants.values():   # a variant beyond the paper names its experiment(s)
         if not v.get("reward"):
-            assert (CONF / "experiment" / f"{v.experiment}.yaml").exists(), v
+            names = [v.experiment] if isinstance(v.experiment, str) else list(v.experiment)
+            assert all((CONF / "experiment" / f"{n}.yaml").exists() for n in names), v
+        assert v.get("trainer", "train") in ("train", "improve"), v
 
 
 @pytest.mark.parametrize("launcher", ["joblib", "submitit_local", "submitit_slurm", "local_parallel",
