@@ -43,6 +43,9 @@ from llm_lb_gym.experiments._tables import paired_change
 from llm_lb_gym.experiments._training import train, train_distilled
 from llm_lb_gym.capacity import capacity_rps
 
+TRAINERS = ("train", "improve")
+"""How a variant is trained: ``train`` (an SB3 agent, ``experiments._training.train``) or
+``improve`` (policy iteration, ``experiments._training.train_distilled``)."""
 STEPS_PER_REQUEST_LIMIT = 20
 """Evaluation episodes stop after this many env steps per request (round robin needs ~1.2)."""
 
@@ -172,13 +175,14 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
 def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
     """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate;
     ``bar`` (a progress bar over the run's stages) advances once per variant and evaluation."""
-    from llm_lb_gym._validate import ConfigError
+    from llm_lb_gym._validate import ConfigError, check_choice
 
     t0 = time.perf_counter()
     trained: dict[str, dict] = {}
     for key in cfg.run_variants:
         if key not in cfg.variants:
             raise ConfigError(f"run_variants: {key!r}; allowed: {', '.join(cfg.variants)}")
+        check_choice(f"variants.{key}.trainer", cfg.variants[key].get("trainer", "train"), TRAINERS)
         run = Path(cfg.models_from) / setting / key if cfg.models_from else None
         if run is not None and key not in list(cfg.get("retrain") or []) and run.exists():
             rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}

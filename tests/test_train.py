@@ -163,6 +163,10 @@ def test_reproduce_distils_a_network_per_setting_and_reuses_it(tmp_path):
     assert not (tmp_path / "b" / "paper_v100" / "distilled").exists()   # reused, not trained
     assert res["results"][0]["trained"]["distilled"]["model"] == rec["model"]
     assert (tmp_path / "b" / "reproduction.md").read_text().count("| Distilled network (policy iteration) |") == 1
+    from llm_lb_gym._validate import ConfigError
+
+    with pytest.raises(ConfigError, match="variants.distilled.trainer='improv' is not valid; allowed: train, improve"):
+        reproduce(_compose("reproduce", [*base, "variants.distilled.trainer=improv"]), out=tmp_path / "c")
 
 
 def test_load_sweep_table(tmp_path):
