@@ -156,7 +156,8 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
     var = cfg.variants[key]
     if var.get("trainer", "train") == "improve":
         return _train_distilled_variant(cfg, setting, key, out)
-    overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={cfg.agent}",
+    agent = var.get("agent") or cfg.agent   # a variant may name its own agent (ppo_kl)
+    overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={agent}",
                  f"seed={cfg.seed}", f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2",
                  "eval.plot=false", f"progress={str(bool(cfg.get('progress', True))).lower()}",
                  *cfg.train_overrides, *list(var.get("overrides") or [])]
@@ -167,7 +168,7 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
     tcfg = _with_workload(cfg, compose("train", overrides))
     res = train(tcfg, out=out, leave_bars=False)
     env = to_container(tcfg.env)
-    return {"model": str(res["model_path"]), "train_wall_s": res["train_wall_s"],
+    return {"model": str(res["model_path"]), "kind": agent, "train_wall_s": res["train_wall_s"],
             "train_episodes": len(res["history"]), "overrides": overrides,
             "env": {k: env[k] for k in ("action", "obs") if k in env}}
 
@@ -186,7 +187,8 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
         run = Path(cfg.models_from) / setting / key if cfg.models_from else None
         if run is not None and key not in list(cfg.get("retrain") or []) and run.exists():
             rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}
-            model = rec["model"] if rec.get("kind") == "distilled" else str(_model_path(run, cfg.agent))
+            kind = rec.get("kind") or cfg.variants[key].get("agent") or cfg.agent
+            model = rec["model"] if kind == "distilled" else str(_model_path(run, kind))
             trained[key] = {**rec, "model": model, "train_wall_s": rec.get("train_wall_s")}
         else:
             if bar is not None:

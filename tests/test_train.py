@@ -153,7 +153,9 @@ def test_reproduce_distils_a_network_per_setting_and_reuses_it(tmp_path):
              "'improve.epochs=1','improve.executor=inline']")
     base = ["extra_experiments=[debug]", "run_variants=[distilled]", "eval_episodes=2", "extra_policies=[]",
             "policies=[round_robin,scored_binding]", "figures=false", small]
-    reproduce(_compose("reproduce", base), out=tmp_path / "a")
+    reproduce(_compose("reproduce", [*base, "run_variants=[distilled,ppo_kl]"]), out=tmp_path / "a")
+    ppo = json.loads((tmp_path / "a" / "paper_v100" / "ppo_kl" / "variant.json").read_text())
+    assert ppo["kind"] == "maskable_ppo_kl" and "| PPO + KL to the teacher |" in (tmp_path / "a" / "reproduction.md").read_text()
     rec = json.loads((tmp_path / "a" / "paper_v100" / "distilled" / "variant.json").read_text())
     assert rec["kind"] == "distilled" and rec["teacher"] == "scored_binding"
     assert rec["env"]["action"]["order"] == "scored" and Path(rec["model"]).exists()
