@@ -324,7 +324,8 @@ def test_models_saved_when_agents_was_a_top_level_package_load(tmp_path, monkeyp
     module = importlib.import_module(cls.__module__)
     old_name = cls.__module__.removeprefix("llm_lb_gym.")
     assert old_name.startswith("agents.")
-    with monkeypatch.context() as m:   # save as 0.5 did
+    with monkeypatch.context() as m:   # save as 0.5 did (pickle imports the top-level name too)
+        m.setitem(sys.modules, "agents", importlib.import_module("llm_lb_gym.agents"))
         m.setitem(sys.modules, old_name, module)
         m.setattr(cls, "__module__", old_name)
         agent.save(tmp_path / name)
