@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from llm_lb_gym._validate import ConfigError, check_choice, check_int, check_range
-from llm_lb_gym.routers.scored_binding import ScoredBindingOptions
+from llm_lb_gym.routers.scored_binding import ORDER_WEIGHTS, ScoredBindingOptions
 
 OBJECTIVES = ("e2e", "slo")
 ROUTER = "scored_binding"
@@ -50,9 +50,8 @@ SCALES: dict[str, float] = {
 """One unit of the search's step in each option's own units: about the change that moves mean
 E2E by a point or two in the probe (docs/policy_iteration.md)."""
 BOUNDS: dict[str, tuple[float, float]] = {
-    "period_s": (0.0, 2.0), "reserve_frac": (0.0, 1.0), "age_per_s": (0.0, 100.0),
-    "prompt_weight": (-5.0, 5.0), "late_penalty": (-50.0, 50.0), "room_margin": (-0.5, 0.5), "growth_frac": (0.0, 1.0),
-    "seq_cap_frac": (0.02, 1.0), "work_weight": (0.0, 100.0),
+    "period_s": (0.0, 2.0), "reserve_frac": (0.0, 1.0), **ORDER_WEIGHTS,
+    "room_margin": (-0.5, 0.5), "growth_frac": (0.0, 1.0), "seq_cap_frac": (0.02, 1.0), "work_weight": (0.0, 100.0),
 }
 """Where candidates are clipped (inside the options' validated ranges)."""
 
