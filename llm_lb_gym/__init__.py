@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-__version__ = "0.6.0"   # read by pyproject.toml (dynamic version)
+__version__ = "0.7.0"   # read by pyproject.toml (dynamic version)
 
 ENV_ID = "LLMCluster-v0"
 MAX_EPISODE_STEPS = 200_000
