@@ -18,6 +18,40 @@ CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 from a wheel alike."""
 
 
+def preset_node(name: str) -> dict:
+    """Preset ``name`` (``llm_lb_gym/envs/presets.py``) in the layout of a composed config: its
+    engine, workload and reward options under those groups, the rest under ``env``. Without the
+    predictor: an experiment keeps its own predictor group (``presets.py`` says why)."""
+    import copy
+
+    from llm_lb_gym.envs.presets import preset
+
+    opts = copy.deepcopy(dict(preset(name).options))
+    node = {group: opts.pop(group) for group in ("engine", "workload", "reward") if group in opts}
+    if isinstance(node.get("workload"), str):
+        node["workload"] = {"name": node["workload"]}
+    return {"env": opts, **node}
+
+
+def store_presets() -> bool:
+    """Every preset as the Hydra config ``/preset/<name>`` (package ``_global_``), so an
+    experiment takes a regime's values from ``presets.py`` by listing ``- /preset: <name>`` in its
+    defaults (its own keys and the command line still override them). False without Hydra."""
+    try:
+        from hydra.core.config_store import ConfigStore
+    except ImportError:
+        return False
+    from llm_lb_gym.envs.presets import PRESETS
+
+    store = ConfigStore.instance()
+    for name in PRESETS:
+        store.store(group="preset", name=name, node=preset_node(name), package="_global_")
+    return True
+
+
+store_presets()   # at import: every entry point and test composes through this module
+
+
 def hydra_main(config_name: str):
     """``@hydra.main`` on ``conf/<config_name>.yaml`` that first checks that the Hydra plugins
     the command line selects are installed (``llm_lb_gym.experiments._plugins``: the optional ones come

@@ -1,7 +1,10 @@
 """llm_lb_gym: a vLLM-faithful LLM cluster simulator and the ``LLMCluster-v0`` routing env.
 
-Importing the package registers ``LLMCluster-v0`` with Gymnasium (Gymnasium 1.x reads no entry
-points). Registration is idempotent, so re-imports and reloads are harmless.
+Importing the package registers ``LLMCluster-v0`` (the paper's setting) and one id per named
+regime (``ENV_IDS``: ``LLMCluster-NearCapacity-v0``, ``LLMCluster-Overload-v0``,
+``LLMCluster-Trace-v0``; their values live in ``llm_lb_gym/envs/presets.py``) with Gymnasium
+(Gymnasium 1.x reads no entry points). Registration is idempotent, so re-imports and reloads are
+harmless.
 """
 
 from __future__ import annotations
@@ -11,16 +14,26 @@ import gymnasium as gym
 __version__ = "0.7.0"   # read by pyproject.toml (dynamic version)
 
 ENV_ID = "LLMCluster-v0"
+ENV_IDS = {
+    "LLMCluster-NearCapacity-v0": "near_capacity",
+    "LLMCluster-Overload-v0": "overload",
+    "LLMCluster-Trace-v0": "trace",
+}
+"""Registered id -> preset name (``llm_lb_gym.envs.presets.PRESETS``, which names the same id;
+a test checks they agree). Kept here so ``import llm_lb_gym`` registers them without importing
+the env."""
 MAX_EPISODE_STEPS = 200_000
 """TimeLimit: far above a 2,000-request episode's steps (about one per request plus defers), so
 only a router that defers forever is truncated."""
 
-if ENV_ID not in gym.registry:
-    # FinalMetrics sits outside TimeLimit (gym.make applies additional_wrappers after it), so a
-    # truncated episode's last info also holds "metrics".
-    gym.register(id=ENV_ID, entry_point="llm_lb_gym.envs.cluster_env:LLMClusterEnv",
-                 max_episode_steps=MAX_EPISODE_STEPS,
-                 additional_wrappers=(gym.envs.registration.WrapperSpec(
-                     "FinalMetrics", "llm_lb_gym.envs.wrappers:FinalMetrics", {}),))
+for _id, _preset in ((ENV_ID, None), *ENV_IDS.items()):
+    if _id not in gym.registry:
+        # FinalMetrics sits outside TimeLimit (gym.make applies additional_wrappers after it), so a
+        # truncated episode's last info also holds "metrics".
+        gym.register(id=_id, entry_point="llm_lb_gym.envs.cluster_env:LLMClusterEnv",
+                     max_episode_steps=MAX_EPISODE_STEPS,
+                     kwargs={} if _preset is None else {"preset": _preset},
+                     additional_wrappers=(gym.envs.registration.WrapperSpec(
+                         "FinalMetrics", "llm_lb_gym.envs.wrappers:FinalMetrics", {}),))
 
-__all__ = ["ENV_ID", "__version__"]
+__all__ = ["ENV_ID", "ENV_IDS", "__version__"]

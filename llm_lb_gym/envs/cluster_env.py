@@ -28,6 +28,7 @@ from .actions import coerce_action
 from .builders import build_predictor, build_workload
 from .config import ENV_OPTIONS, MIXING_TEACHER, EnvConfig
 from .observation import MIXED_CLUSTER_FEATURES, ObservationBuilder
+from .presets import apply_preset
 from .render import RENDER_MODES, snapshot, to_ansi, to_rgb_array
 from .reset_options import check_episode, check_reset_options
 from .reward import guidance_term, guidance_weight
@@ -107,8 +108,10 @@ class LLMClusterEnv(gym.Env):
     See ``EnvConfig`` (``llm_lb_gym/envs/config.py``): ``num_instances``, ``num_requests``,
     ``arrival_rate_rps``, ``workload``, ``engine``, ``instances``, ``predictor``, ``reward``, ``obs``,
     ``decision_interval_s``, ``one_action_per_interval``, ``fast``, ``check_invariants``,
-    ``slo`` (per-request TTFT/TBT deadlines, ``llm_lb_gym/sim/slo.py``); and
-    Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
+    ``slo`` (per-request TTFT/TBT deadlines, ``llm_lb_gym/sim/slo.py``); ``preset``, a named
+    regime whose options the others override (``near_capacity``, ``overload``, ``trace``:
+    ``llm_lb_gym/envs/presets.py``; each also has an id, e.g. ``LLMCluster-NearCapacity-v0``);
+    and Gymnasium's ``render_mode``. An unknown keyword raises ``TypeError`` worded as Python's
     (``__init__() got an unexpected keyword argument 'x'``, then the allowed names), which is
     also a ``ConfigError``.
 
@@ -143,6 +146,9 @@ class LLMClusterEnv(gym.Env):
       unchanged bit for bit; the capacity observation moves by about 0.1%, and episodes where
       the KV cache binds move slightly (load sweep above capacity: round robin within 0.3%).
       ``late_binding``'s class defaults became the default setting's tuned options.
+    - v0 (package 0.7): ``preset=`` and the ids ``LLMCluster-NearCapacity-v0``,
+      ``LLMCluster-Overload-v0``, ``LLMCluster-Trace-v0`` (named regimes with a deployable noisy
+      predictor); ``LLMCluster-v0`` itself is unchanged.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
@@ -150,10 +156,14 @@ class LLMClusterEnv(gym.Env):
     metadata = {"render_modes": list(RENDER_MODES),
                 "render_fps": round(1.0 / DEFAULT_DECISION_INTERVAL_S)}
 
-    def __init__(self, render_mode: str | None = None, **options: Any):
-        reject_unexpected_keywords(options, (*ENV_OPTIONS, "render_mode"))
+    def __init__(self, render_mode: str | None = None, preset: str | None = None, **options: Any):
+        reject_unexpected_keywords(options, (*ENV_OPTIONS, "render_mode", "preset"))
         check_choice("render_mode", render_mode, (None, *RENDER_MODES))
         self.render_mode = render_mode
+        self.preset = preset
+        """The named regime (``envs/presets.py``) the options start from; None: the defaults."""
+        if preset is not None:
+            options = apply_preset(preset, options)
         self.cfg = EnvConfig(**options)
         cfg = self.cfg
         self.m = cfg.num_instances
