@@ -61,6 +61,8 @@ def _trajectory(engine_cls, monkeypatch, seed, **options):
     columns = {k: list(getattr(tb, k)) for k in (
         "status", "instance", "routed_s", "first_scheduled_s", "first_token_s", "finish_s",
         "preemptions", "reject_reason")}
+    if tb.frontends:
+        columns.update(seen_first=list(tb.seen_first_token_s), seen_finish=list(tb.seen_finish_s))
     engines = [(e.n_iterations, e.n_prefill_iterations, e.n_preemptions, e.peak_used, e.G)
                for e in env.cluster.engines]
     return rewards, np.stack(observations), info["metrics"], columns, engines
@@ -87,8 +89,10 @@ def _same(a, b):
      "num_kv_blocks": 300, "chunked_prefill": True, "max_num_batched_tokens": 512}},
     {"num_requests": 250, "engine": {"preset": "llama2-7b-a100", "chunked_prefill": True,   # GEMM tiles,
      "max_num_batched_tokens": 200}, "arrival_rate_rps": 60.0},                    # small-batch decode
+    {"num_requests": 250, "engine": {"frontend": {"request_s": 0.02, "prompt_token_s": 2e-5,    # the server's
+     "first_token_s": 0.002, "output_token_s": 5e-4}}, "arrival_rate_rps": 40.0},  # frontend
 ], ids=["default", "chunked", "tight_kv", "bin_packing", "lwl_chunked", "step_mode",
-        "prefix_caching", "prefix_caching_chunked", "a100_tiles"])
+        "prefix_caching", "prefix_caching_chunked", "a100_tiles", "frontend"])
 def test_compiled_equals_pure_bit_for_bit(options, monkeypatch):
     pure = _trajectory(PureEngine, monkeypatch, 5, **options)
     comp = _trajectory(COMPILED, monkeypatch, 5, **options)

@@ -141,3 +141,38 @@ def test_paper_interference_scenario_on_the_v100_preset():
     table = RequestTable(arr, p, d, d)
     simulate(RequestBatch.from_arrays(arr, p, d), ClusterConfig(num_instances=1, engine=cfg), table=table)
     assert table.finish_s[0] == pytest.approx(interference_s(lat, "wall_clock"), rel=1e-9)
+
+
+def _assert_same_client_times(table, ok, ref):
+    for i, r in zip(ok, ref):
+        for name in ("seen_first_token_s", "seen_finish_s"):
+            got, want = getattr(table, name)[i], getattr(r, name)
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-9), (name, i, got, want)
+
+
+@settings(max_examples=int(__import__("os").environ.get("LLM_LB_GYM_HYPOTHESIS_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), chunked=st.booleans(), blocks=st.integers(12, 80),
+       max_seqs=st.integers(1, 8), fast=st.booleans(), rate=st.sampled_from([5.0, 20.0, 200.0]),
+       scheduler=st.sampled_from(["fcfs", "least_work_left"]))
+def test_engine_with_frontend_matches_reference(seed, chunked, blocks, max_seqs, fast, rate, scheduler):
+    """The frontend (sim/frontend.py) in front of the engine: the engine with its virtual-time
+    processor sharing against the reference's literal one, from light load (the frontend only
+    delays) to a burst that queues in it (rate 200/s: its input work alone is ~2-8 ms)."""
+    from llm_lb_gym.sim.frontend import FrontendModel
+
+    max_len = 120
+    fe = FrontendModel(request_s=2e-3, prompt_token_s=1e-4, first_token_s=5e-4, output_token_s=2e-4)
+    cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
+                       max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,
+                       max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
+                       latency=LAT, frontend=fe)
+    arr, p, d, pred = _workload(seed, 25, rate=rate, max_p=60, max_d=60)
+    table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)
+    _assert_same(table, ok, ref)
+    _assert_same_client_times(table, ok, ref)
+    assert cluster.done
+    for i in ok:   # the client sees each token after the engine made it
+        assert table.seen_first_token_s[i] >= table.first_token_s[i]
+        assert table.seen_finish_s[i] >= max(table.finish_s[i], table.seen_first_token_s[i])
+        assert table.first_scheduled_s[i] >= arr[i] + fe.input_s(int(p[i])) - 1e-12

@@ -19,6 +19,7 @@ from .._validate import ConfigError, check_bool, check_choice, check_int, check_
 from ..limits import MAX_CONTEXT_TOKENS, MAX_INSTANCES, MAX_TOKENS
 from .batching import SCHEDULERS
 from .catalog import custom_preset
+from .frontend import FrontendModel, resolve_frontend
 from .gpus import GPUS, GPUDatasheet, resolve_gpu
 from .latency import HardwarePreset, LatencyModel, get_preset
 
@@ -70,6 +71,10 @@ class EngineConfig:
     """Automatic prefix caching (vLLM's option of the same name): KV blocks of prompt prefixes
     computed before are reused by later requests carrying the same block hashes
     (docs/prefix_caching.md). Off: the engine never looks at hashes."""
+    frontend: str | FrontendModel | None = None
+    """The API server's per-request CPU work ahead of the engine (``sim/frontend.py``): a
+    registered name (``sim.frontend.FRONTENDS``), a mapping of ``FrontendModel`` fields, or None
+    (no frontend: a routed request joins the waiting queue at once, as before the option)."""
 
     def __post_init__(self) -> None:
         if self.model_config is None and (self.gpu is not None or self.tensor_parallel != 1):
@@ -108,6 +113,14 @@ class EngineConfig:
             )
         if self.latency is not None and not isinstance(self.latency, LatencyModel):
             object.__setattr__(self, "latency", LatencyModel(**dict(self.latency)))
+        if self.frontend is not None and not isinstance(self.frontend, (str, FrontendModel)):
+            object.__setattr__(self, "frontend", resolve_frontend(self.frontend))
+        resolve_frontend(self.frontend)   # validates a name
+
+    @property
+    def frontend_model(self) -> FrontendModel | None:
+        """The frontend's coefficients (None: no frontend)."""
+        return resolve_frontend(self.frontend)
 
     @property
     def hardware(self) -> HardwarePreset:

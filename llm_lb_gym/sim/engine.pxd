@@ -16,7 +16,9 @@ cdef class Engine:
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens
     cdef public long _st_G0
-    cdef public double t, _g_fin_end, _g_ex, committed_tokens
+    cdef public double t, _g_fin_end, _g_ex, committed_tokens, fe_next
+    cdef public long fe_count
+    cdef public object fe
     cdef public IterationTiming timing
     cdef public KVCache kv
     cdef public Scheduler sched
@@ -31,6 +33,7 @@ cdef class Engine:
     cpdef _sync_used(self)
     cpdef bint idle(self)
     cpdef add(self, long rid, double now)
+    cpdef _fe_release(self)
     @cython.locals(t0=double, a=double, c=double, t=double, G0=long, k=long)
     cpdef advance_to(self, double T)
     cpdef bint in_decode_stretch(self)

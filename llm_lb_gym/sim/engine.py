@@ -38,6 +38,7 @@ import math
 from itertools import chain
 
 from .config import EngineConfig
+from .frontend import Frontend
 from .iteration_timing import IterationTiming, iterations_before
 from .kv_cache import KVCache
 from .progress import ProgressSums
@@ -95,11 +96,17 @@ class Engine:
         self.pending_prefill_tokens = 0  # prompt (+ recompute) tokens not yet computed
         # The in-system penalty and the predicted decode tokens left, O(1) at any G.
         self.progress = ProgressSums(table)
+        # The server's frontend (``frontend.py``): requests in its input stage count as waiting
+        # but reach the waiting queue only at ``fe_next`` or later. None: routed requests join
+        # the waiting queue at once (every preset without ``engine.frontend``).
+        self.fe = Frontend(cfg.frontend_model, table) if cfg.frontend_model is not None else None
+        self.fe_count = 0       # requests in the frontend's input stage
+        self.fe_next = INF      # no input completes before this (INF: none in the frontend)
 
     # ------------------------------------------------------------------ public API
     @property
     def num_waiting(self) -> int:
-        return len(self.sched.preempted_q) + len(self.sched.waiting_q)
+        return len(self.sched.preempted_q) + len(self.sched.waiting_q) + self.fe_count
 
     @property
     def num_requests(self) -> int:
@@ -176,7 +183,8 @@ class Engine:
             self._used_G = self.G
 
     def idle(self) -> bool:
-        return not (self.B or self.prefilling or self.sched.preempted_q or self.sched.waiting_q)
+        return not (self.B or self.prefilling or self.sched.preempted_q or self.sched.waiting_q
+                    or self.fe_count)
 
     def add(self, rid: int, now: float) -> None:
         """Route request ``rid`` here at time ``now`` (after ``advance_to(now)``)."""
@@ -186,17 +194,34 @@ class Engine:
         tb.status[rid] = _WAITING
         tb.instance[rid] = self.index
         tb.routed_s[rid] = now
-        self.sched.waiting_q.append(rid)
         self.committed_tokens += tb.prompt[rid] + tb.pred[rid]
         self._enter_prompt_phase(rid)
+        if self.fe is not None:   # the frontend's input work first (``_fe_release``)
+            self.fe.arrive(rid, now)
+            self.fe_count += 1
+            self.fe_next = self.fe.next_release_s()
+            return
+        self.sched.waiting_q.append(rid)
         self._blocked = False
+
+    def _fe_release(self) -> None:
+        """Bring the frontend to the clock and move the requests whose input work is done by
+        then into the waiting queue (in the order it finished them)."""
+        fe = self.fe
+        fe.advance(self.t)
+        ready = fe.take_ready()
+        if ready:
+            self.sched.waiting_q.extend(ready)
+            self.fe_count -= len(ready)
+            self._blocked = False
+        self.fe_next = fe.next_release_s()
 
     def advance_to(self, T: float) -> None:
         """Run every iteration that starts strictly before ``T``."""
         if self.t >= T:
             return
         # Hot path (most calls from the env): inside a planned decode stretch that T cuts.
-        if (not self._plan_dirty and T <= self._st_t_last and self.G != self._g_ex
+        if (not self._plan_dirty and T <= self._st_t_last and self.G != self._g_ex and T <= self.fe_next
                 and not self.prefilling and (self._blocked or not (self.sched.preempted_q or self.sched.waiting_q))):
             t0, a, c = self._st_t0, self._st_a, self._st_c
             G0 = self._st_G0
@@ -214,6 +239,8 @@ class Engine:
             self.t = t
             return
         while self.t < T:
+            if self.fe_next <= self.t:
+                self._fe_release()
             if self.chunked:
                 if self.prefilling or ((self.sched.preempted_q or self.sched.waiting_q) and not self._blocked):
                     if self._mixed_iteration():
@@ -225,20 +252,26 @@ class Engine:
                     continue
                 self._blocked = True
             if not self.B:
+                if self.fe_count:   # nothing to run until the frontend hands a request on
+                    if self.fe_next >= T:
+                        return
+                    if self.fe_next > self.t:
+                        self.t = self.fe_next
+                    continue
                 assert not self.prefilling and (self._blocked or self.idle()), "engine stalled"
                 if not self.idle():
                     raise RuntimeError(
                         f"instance {self.index}: waiting requests can never be admitted on an "
                         f"empty instance (they should have been rejected at arrival)")
                 return
-            self._decode(T)
+            self._decode(T if T <= self.fe_next else self.fe_next)
 
     def in_decode_stretch(self) -> bool:
         """Whether the next iterations are the planned decode stretch (``_plan``): no prefill
         to run, nothing admissible, and the iteration at the clock does not run out of blocks.
         Inside it nothing finishes before ``_st_t_last`` and the membership is fixed, so the
         clock may be stepped in closed form (``advance_to``'s hot path, ``penalty.py``)."""
-        return (not self._plan_dirty and self.G != self._g_ex and not self.prefilling
+        return (not self._plan_dirty and self.G != self._g_ex and not self.prefilling and self.fe_next == INF
                 and (self._blocked or not (self.sched.preempted_q or self.sched.waiting_q)))
 
     def jump_in_stretch(self, G: int, t: float) -> None:
@@ -255,7 +288,7 @@ class Engine:
         prefilling, running): the integrand of total latency (Little's law)."""
         if self.count_mode:
             return float(len(self.sched.preempted_q) + len(self.sched.waiting_q) + len(self.prefilling)
-                         + self.B)
+                         + self.B + self.fe_count)
         return self.progress.penalty(self.G)
 
     def decode_tokens_left(self) -> float:
@@ -353,6 +386,8 @@ class Engine:
         self.n_finished += 1
         if tb.count_slo and tb.meets_slo(rid):
             self.n_slo_met += 1
+        if self.fe is not None:
+            self.fe.finished(rid, now)
         self._blocked = False
         if self.idle():   # nobody left: drop the float residue, so an idle penalty is exactly 0
             self.progress.clear()
@@ -373,8 +408,11 @@ class Engine:
         if st == _WAITING:
             if rid in self.sched.preempted_q:
                 self.sched.preempted_q.remove(rid)
-            else:
+            elif rid in self.sched.waiting_q:
                 self.sched.waiting_q.remove(rid)
+            else:   # still in the frontend's input stage
+                self.fe.cancel(rid)
+                self.fe_count -= 1
             self._leave_prompt_phase(rid)
             self.pending_prefill_tokens -= tb.prompt[rid] + tb.o_base[rid]
             o = tb.o_base[rid]
@@ -446,6 +484,8 @@ class Engine:
         o = tb.o_base[rid] + 1
         if tb.first_token_s[rid] != tb.first_token_s[rid]:
             tb.first_token_s[rid] = end
+            if self.fe is not None:
+                self.fe.first_token(rid, end)
         if o >= tb.decode[rid]:
             self._finish(rid, o, end)
         else:

@@ -49,6 +49,8 @@ def request_latencies(table: RequestTable, column: Columns | None = None) -> dic
     arr = column("arrival_s")[fin]
     first = column("first_token_s")[fin]
     finish = column("finish_s")[fin]
+    if table.frontends:   # the times the client sees, where a frontend delivers them
+        first, finish = _client_times(table, column, fin, first, finish)
     routed = column("routed_s")[fin]
     sched = column("first_scheduled_s")[fin]
     dec = column("decode")[fin]
@@ -63,6 +65,19 @@ def request_latencies(table: RequestTable, column: Columns | None = None) -> dic
         "instance": column("instance")[fin],
         "preemptions": column("preemptions")[fin],
     }
+
+
+def _client_times(table: RequestTable, column: Columns, fin: np.ndarray, first: np.ndarray,
+                  finish: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First token and finish as the client sees them: after the frontend's work on the
+    response (``sim/frontend.py``; its jobs are run to completion first), the engine's times on
+    instances without a frontend."""
+    for fe in table.frontends:
+        fe.flush()
+    seen_first = column("seen_first_token_s")[fin]
+    seen_finish = column("seen_finish_s")[fin]
+    return (np.where(np.isnan(seen_first), first, seen_first),
+            np.where(np.isnan(seen_finish), finish, seen_finish))
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -120,7 +135,10 @@ def episode_metrics(table: RequestTable) -> dict[str, float]:
     e2e, ttft, tbt = lat["e2e_s"], lat["ttft_s"], lat["tbt_s"]
     if n_fin:
         fin = status == Status.FINISHED
-        makespan = float(np.max(column("finish_s")[fin]) - np.min(column("arrival_s")))
+        last = column("finish_s")[fin]
+        if table.frontends:
+            last = np.fmax(last, column("seen_finish_s")[fin])
+        makespan = float(np.max(last) - np.min(column("arrival_s")))
     else:
         makespan = 0.0
     e2e50, e2e90, e2e99 = _pcts(e2e, (50, 90, 99))

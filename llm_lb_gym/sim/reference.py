@@ -21,6 +21,11 @@ can be held to the same ones):
 Prefix caching (``enable_prefix_caching``, docs/prefix_caching.md) is kept literal too: a dict
 of cached hash blocks with reference counts and a plain list as the LRU order of the evictable
 ones, admissions applied one at a time, evictions done at the allocation that needs them.
+
+The frontend (``engine.frontend``, ``frontend.py``) is restated literally as well: every job
+keeps its remaining work, which each job in service loses at ``1 / n`` per second; a request
+joins the waiting queue (at the back, in the order its input work ends) at the first iteration
+start at or after its input job completes.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class RefResult:
     first_token_s: float
     finish_s: float
     preemptions: int
+    seen_first_token_s: float | None = None
+    """With a frontend: the first token as the client sees it (after the first chunk's work)."""
+    seen_finish_s: float | None = None
+    """With a frontend: the end of the response as the client sees it."""
 
 
 @dataclass
@@ -90,6 +99,8 @@ class _Seq:
         self.first_scheduled_s: float | None = None
         self.first_token_s: float | None = None
         self.finish_s: float | None = None
+        self.seen_first_token_s: float | None = None
+        self.seen_finish_s: float | None = None
         self.preemptions = 0
         self.hashes = req.prefix_hashes
         self.refs: list = []  # hash ids of the cached blocks it references (a prefix of hashes)
@@ -101,6 +112,7 @@ class _Instance:
 
     def __init__(self, cfg: EngineConfig, hash_block_tokens: int = 0):
         self.cfg = cfg
+        self.frontend = _RefFrontend(cfg.frontend_model) if cfg.frontend_model is not None else None
         # Prefix caching: hash id -> reference count; ``lru`` = evictable ids, oldest first.
         self.H = hash_block_tokens if cfg.enable_prefix_caching else 0
         self.hb = self.H // cfg.block_size
@@ -226,9 +238,13 @@ class _Instance:
         seq.o += 1
         if seq.first_token_s is None:
             seq.first_token_s = end
+            if self.frontend is not None:
+                self.frontend.report(end, "first", seq)
         if seq.o == seq.d:
             seq.state = "finished"
             seq.finish_s = end
+            if self.frontend is not None:
+                self.frontend.report(end, "rest", seq)
             self.release(seq)
             if seq in self.running:
                 self.running.remove(seq)
@@ -389,6 +405,75 @@ class _Instance:
         assert len(self.running) + len(self.prefilling) <= self.cfg.max_num_seqs
 
 
+class _RefFrontend:
+    """Processor sharing, literally: jobs [remaining work, order, kind, request], each in
+    service losing ``dt / n`` of work per ``dt``; reported jobs wait in a time-ordered list."""
+
+    def __init__(self, model):
+        self.model = model
+        self.t = 0.0
+        self.jobs: list[list] = []
+        self.reports: list[tuple] = []   # (time, order, kind, seq), kept sorted
+        self.order = 0
+        self.ready: list[_Seq] = []
+
+    def report(self, time: float, kind: str, seq: _Seq) -> None:
+        self.reports.append((time, self.order, kind, seq))
+        self.order += 1
+        self.reports.sort(key=lambda r: (r[0], r[1]))
+
+    def _work(self, kind: str, seq: _Seq) -> float:
+        m = self.model
+        if kind == "input":
+            return m.request_s + m.prompt_token_s * seq.p
+        if kind == "first":
+            return m.first_token_s
+        return m.output_token_s * max(seq.d - 1, 0)
+
+    def next_time(self) -> float:
+        done = (min(j[0] for j in self.jobs) * len(self.jobs) + self.t) if self.jobs else math.inf
+        return min(done, self.reports[0][0] if self.reports else math.inf)
+
+    def inputs_left(self) -> bool:
+        return any(j[2] == "input" for j in self.jobs) or any(r[2] == "input" for r in self.reports)
+
+    def advance(self, until: float) -> None:
+        while True:
+            n = len(self.jobs)
+            done_at = self.t + min(j[0] for j in self.jobs) * n if n else math.inf
+            report_at = self.reports[0][0] if self.reports else math.inf
+            if min(done_at, report_at) > until or (not n and not self.reports):
+                break
+            if report_at <= done_at:
+                time, order, kind, seq = self.reports.pop(0)
+                for j in self.jobs:
+                    j[0] -= (time - self.t) / n
+                self.t = max(self.t, time)
+                self.jobs.append([self._work(kind, seq), order, kind, seq])
+            else:
+                job = min(self.jobs, key=lambda j: (j[0], j[1]))
+                for j in self.jobs:
+                    j[0] -= job[0] if j is not job else 0.0
+                self.jobs.remove(job)
+                job[0] = 0.0
+                self.t = done_at
+                self._complete(job[2], job[3], done_at)
+        if self.jobs and until > self.t and until != math.inf:
+            for j in self.jobs:
+                j[0] -= (until - self.t) / len(self.jobs)
+            self.t = until
+
+    def _complete(self, kind: str, seq: _Seq, t: float) -> None:
+        if kind == "input":
+            self.ready.append(seq)
+        elif kind == "first":
+            seq.seen_first_token_s = t
+            if seq.seen_finish_s is not None and seq.seen_finish_s < t:
+                seq.seen_finish_s = t
+        else:
+            seq.seen_finish_s = t if seq.seen_first_token_s is None else max(t, seq.seen_first_token_s)
+
+
 def _assert_admissible(req: RefRequest, cfg: EngineConfig) -> None:
     """The caller filters rejectable requests; here they are a bug in the test or the caller."""
     p, d = req.prompt_tokens, req.decode_tokens
@@ -418,13 +503,30 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
     step = inst.step_chunked if cfg.chunked_prefill else inst.step_unchunked
     nxt = 0  # index of the next request not yet routed
     now = requests[0].route_s if requests else 0.0
+    fe = inst.frontend
+    if fe is not None:   # every request goes through the frontend's input job first
+        for s in seqs:
+            fe.report(s.req.route_s, "input", s)
+        joined = 0
     while any(s.state != "finished" for s in seqs):
-        while nxt < len(seqs) and seqs[nxt].req.route_s <= now:
+        if fe is not None:
+            fe.advance(now)
+            for s in fe.ready:   # queue order = the order they reach the waiting queue
+                s.state = "waiting"
+                s.queue_index = joined
+                joined += 1
+                inst.fresh.append(s)
+            fe.ready = []
+        while fe is None and nxt < len(seqs) and seqs[nxt].req.route_s <= now:
             seqs[nxt].state = "waiting"
             inst.fresh.append(seqs[nxt])
             nxt += 1
         busy = inst.preempted or inst.fresh or inst.prefilling or inst.running
         if not busy:
+            if fe is not None:   # idle: jump to the frontend's next event
+                assert fe.inputs_left(), "requests left but none in the frontend"
+                now = max(now, fe.next_time())
+                continue
             now = max(now, seqs[nxt].req.route_s)  # idle: jump to the next route
             continue
         end = step(now)
@@ -437,7 +539,10 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
         now = end
         if check:
             inst.check_invariants(seqs)
-    results = [RefResult(s.req.rid, s.first_scheduled_s, s.first_token_s, s.finish_s, s.preemptions)
+    if fe is not None:
+        fe.advance(math.inf)
+    results = [RefResult(s.req.rid, s.first_scheduled_s, s.first_token_s, s.finish_s, s.preemptions,
+                         s.seen_first_token_s, s.seen_finish_s)
                for s in seqs]
     stats = RefStats(inst.iterations, inst.preemption_count, inst.peak, now, tuple(inst.counts))
     return results, stats

@@ -137,6 +137,17 @@ class RequestTable:
         self.saturated: list[bool] = [False] * n  # generated >= predicted (reward term is 0)
         self.kv_refs: list[int] = [0] * n        # leading hash blocks it holds references on
         self.cached_tokens: list[int] = [0] * n  # prompt tokens reused at its latest admission
+        # Instances with a frontend (``sim/frontend.py``) register it here and fill the times
+        # the client sees (NaN elsewhere); without one neither list exists.
+        self.frontends: list = []
+        self.seen_first_token_s: list[float] | None = None
+        self.seen_finish_s: list[float] | None = None
+
+    def client_columns(self) -> None:
+        """Create the client-side time columns (a frontend's first registration)."""
+        if self.seen_first_token_s is None:
+            self.seen_first_token_s = [math.nan] * self.n
+            self.seen_finish_s = [math.nan] * self.n
 
     @classmethod
     def from_batch(cls, batch, pred_decode_tokens=None, **columns) -> "RequestTable":

@@ -56,4 +56,6 @@ def simulate(batch: RequestBatch, cfg: ClusterConfig, route: RouteFn | None = No
 
     run_on_arrival(cluster, route_all)
     assert cluster.done, "simulation ended with requests neither finished nor rejected"
+    for fe in table.frontends:   # the client-side times of the last responses (sim/frontend.py)
+        fe.flush()
     return cluster

@@ -1,0 +1,212 @@
+"""The server's frontend: the CPU work an API server does per request, ahead of the engine.
+
+Why: a vLLM (or llama.cpp) server is not only its forward passes. Its API process parses each
+HTTP request, renders the chat template, tokenizes the prompt and hands the request to the
+engine; for every token it detokenizes and writes a stream chunk. That work runs on one CPU
+thread (vLLM's asyncio API server; llama.cpp's HTTP threads share the cores with its compute),
+so with many requests in flight it queues: 1,000 requests of 128 prompt / 4 output tokens take
+about as long on an H100 as on an A100 (GPUStack's vLLM 0.11 measurements, ``calibration/``),
+and a lone request's first token carries milliseconds that no forward pass explains. Without a
+term for it the simulator predicted such runs 36-75% too short (issue 33).
+
+The model (``engine.frontend``; off by default, so every existing preset computes exactly what
+it did before): one processor-sharing CPU server per instance. Its jobs share the CPU equally
+(an event loop interleaving coroutines), and there are three per request:
+
+- **input**, at routing: ``request_s + prompt_token_s x prompt tokens`` (parsing, template,
+  validation, hand-off; tokenization proportional to the prompt). The request joins the
+  engine's waiting queue when this completes; until then it counts as waiting (the router's
+  view, observations and the penalty see it) but cannot be scheduled;
+- **first chunk**, when the engine emits the first token: ``first_token_s`` (response headers
+  and the first chunk). Its completion is the first token the client sees;
+- **rest**, when the engine finishes the request: ``output_token_s x (tokens - 1)`` (the
+  remaining tokens' detokenization and chunks, booked as one job at the end: per-token jobs
+  would cost an event per token; with a server that keeps up this delays the last token by
+  the job's own length, a few ms). Its completion is the client's end of the response.
+
+Client-side times go to ``RequestTable.seen_first_token_s`` / ``seen_finish_s``; the metrics
+use them for TTFT, E2E and TBT (``metrics.request_latencies``). The engine's own first-token
+and finish times stay where they were (the env's completion reward and SLO counting read them
+when they happen).
+
+Processor sharing with virtual time: ``V`` grows at ``1 / n`` per second with ``n`` jobs in
+service, so a job of work ``w`` arriving at virtual time ``V0`` completes when ``V`` reaches
+``V0 + w``; the next completion is the smallest such finish (a heap), ``(F - V) n`` seconds away.
+The state only ever moves forward to times no later than any event still to be reported: jobs
+arrive in a pending heap and are applied in time order as the server is advanced (the engine
+advances it to each iteration's start, ``Engine._fe_release``), so a first token reported at an
+iteration's end does not run ahead of a request routed before that end.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .._validate import ConfigError, check_range, lookup
+
+INF = math.inf
+_INPUT, _FIRST, _REST = 0, 1, 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class FrontendModel:
+    """CPU seconds of the API server's work per request, per prompt token and per output token
+    (all >= 0; one CPU shared by the server's jobs, ``frontend.py``)."""
+
+    request_s: float = 0.0
+    """Per request at arrival: HTTP parsing, validation, chat template, hand-off to the engine."""
+    prompt_token_s: float = 0.0
+    """Per prompt token at arrival: tokenization."""
+    first_token_s: float = 0.0
+    """When the first token is out: response headers and the first stream chunk."""
+    output_token_s: float = 0.0
+    """Per further output token: detokenization and its stream chunk."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            check_range(f"frontend.{f.name}", getattr(self, f.name), 0.0)
+
+    def input_s(self, prompt_tokens: int) -> float:
+        return self.request_s + self.prompt_token_s * prompt_tokens
+
+    def describe(self) -> str:
+        return ", ".join(f"{f.name}={getattr(self, f.name):.4g}" for f in fields(self))
+
+
+FRONTENDS: dict[str, FrontendModel] = {}
+"""Named frontend models (``engine.frontend: <name>``); their coefficients and sources are in
+``calibration/frontend_fit.py`` and docs/calibration.md."""
+
+
+def register_frontend(name: str, model: FrontendModel) -> None:
+    FRONTENDS[name] = model
+
+
+def resolve_frontend(value: Any, where: str = "engine.frontend") -> FrontendModel | None:
+    """None, a registered name, a ``FrontendModel`` or a mapping of its fields."""
+    if value is None or isinstance(value, FrontendModel):
+        return value
+    if isinstance(value, str):
+        return lookup("frontend", FRONTENDS, value)
+    if isinstance(value, Mapping):
+        names = [f.name for f in fields(FrontendModel)]
+        unknown = sorted(str(k) for k in value if k not in names)
+        if unknown:
+            raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+        try:
+            return FrontendModel(**dict(value))
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("frontend.", f"{where}.", 1)) from None
+    raise ConfigError(f"{where}={value!r} must be null, a frontend name ({', '.join(FRONTENDS) or 'none registered'}) "
+                      "or a mapping of request_s, prompt_token_s, first_token_s, output_token_s")
+
+
+class Frontend:
+    """One instance's frontend server at run time (processor sharing, see the module doc)."""
+
+    def __init__(self, model: FrontendModel, table):
+        self.model = model
+        self.table = table
+        self.t = 0.0          # the time the state is at
+        self.V = 0.0          # virtual time: the work each job in service has received
+        self.jobs: list = []      # (virtual finish, seq, kind, rid), the jobs in service
+        self.pending: list = []   # (time, seq, kind, rid), reported but not yet applied
+        self.seq = 0
+        self.n_input = 0      # input jobs pending or in service
+        self.ready: list[int] = []   # requests whose input completed, not yet taken by the engine
+        self.cancelled: set[int] = set()
+        self.busy_s = 0.0     # seconds with at least one job in service (utilisation)
+        table.frontends.append(self)
+        table.client_columns()
+
+    # --- jobs reported by the engine ---------------------------------------------------------
+    def _report(self, time: float, kind: int, rid: int) -> None:
+        heapq.heappush(self.pending, (time, self.seq, kind, rid))
+        self.seq += 1
+
+    def arrive(self, rid: int, now: float) -> None:
+        assert now >= self.t, f"frontend: a request routed at {now} behind the server's clock {self.t}"
+        self.n_input += 1
+        self._report(now, _INPUT, rid)
+
+    def first_token(self, rid: int, time: float) -> None:
+        self._report(time, _FIRST, rid)
+
+    def finished(self, rid: int, time: float) -> None:
+        self._report(time, _REST, rid)
+
+    def cancel(self, rid: int) -> None:
+        """An aborted request still in its input job: the work is spent, nothing is handed on."""
+        self.cancelled.add(rid)
+
+    # --- time ---------------------------------------------------------------------------------
+    def next_event_s(self) -> float:
+        """When the state next changes if nothing more is reported (a completion or a pending
+        job's arrival); INF if nothing is left."""
+        tc = self.t + (self.jobs[0][0] - self.V) * len(self.jobs) if self.jobs else INF
+        tp = self.pending[0][0] if self.pending else INF
+        return tc if tc < tp else tp
+
+    def next_release_s(self) -> float:
+        """A lower bound of the next input completion: the next event while an input job is in
+        the frontend (INF when none: then nothing can reach the engine until a new route)."""
+        return self.next_event_s() if self.n_input else INF
+
+    def advance(self, X: float) -> None:
+        """Apply every arrival and completion up to time ``X``, in time order."""
+        jobs, pending, model, tb = self.jobs, self.pending, self.model, self.table
+        while True:
+            n = len(jobs)
+            tc = self.t + (jobs[0][0] - self.V) * n if n else INF
+            tp = pending[0][0] if pending else INF
+            if (tc > X and tp > X) or not (n or pending):
+                break
+            if tp <= tc:
+                time, seq, kind, rid = heapq.heappop(pending)
+                if n:
+                    self.V += (time - self.t) / n
+                    self.busy_s += time - self.t
+                self.t = max(self.t, time)
+                if kind == _INPUT:
+                    w = model.input_s(tb.prompt[rid])
+                elif kind == _FIRST:
+                    w = model.first_token_s
+                else:
+                    w = model.output_token_s * max(tb.decode[rid] - 1, 0)
+                heapq.heappush(jobs, (self.V + w, seq, kind, rid))
+            else:
+                F, _, kind, rid = heapq.heappop(jobs)
+                self.busy_s += tc - self.t
+                self.V = F
+                self.t = tc
+                if kind == _INPUT:
+                    self.n_input -= 1
+                    if rid in self.cancelled:
+                        self.cancelled.discard(rid)
+                    else:
+                        self.ready.append(rid)
+                elif kind == _FIRST:
+                    tb.seen_first_token_s[rid] = tc
+                    if tb.seen_finish_s[rid] < tc:   # the rest's (smaller) job ended first
+                        tb.seen_finish_s[rid] = tc
+                else:
+                    # The response ends after its first chunk and after the rest of its work
+                    # (NaN: the first chunk is still in service and will move this up).
+                    first = tb.seen_first_token_s[rid]
+                    tb.seen_finish_s[rid] = first if first > tc else tc
+        if X > self.t and X != INF:
+            if jobs:
+                self.V += (X - self.t) / len(jobs)
+                self.busy_s += X - self.t
+            self.t = X
+
+    def take_ready(self) -> list[int]:
+        out, self.ready = self.ready, []
+        return out
+
+    def flush(self) -> None:
+        """Run every job to completion (the episode's end: client-side times for the metrics)."""
+        self.advance(INF)
