@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import ConfigError
+from ._validate import ConfigError, check_range
 
 MAX_ARRIVAL_S = 1e9
 """Latest allowed arrival time in seconds from the episode start (about 31.7 years)."""
@@ -54,6 +54,16 @@ CV_RANGE = (0.01, 100.0)
 _MAX_GRID_INDEX = 2**52
 """Grid indices at or above this lose exactness in ``k * dt`` (float64 has 53 bits); the
 decision clock (``sim/clock.py``) refuses them."""
+
+
+def check_period_s(name: str, value: float, hi: float = MAX_ARRIVAL_S, zero: bool = True) -> None:
+    """A holding router's round period: 0 (with ``zero``: no rounds) or within
+    [``MIN_DECISION_INTERVAL_S``, ``hi``]. A shorter positive period makes ``t / period``
+    overflow to inf (the round index is its floor), and no grid is finer than that interval."""
+    check_range(name, value, 0.0, hi)
+    if (value == 0.0 and not zero) or 0.0 < value < MIN_DECISION_INTERVAL_S:
+        raise ConfigError(f"{name}={value!r} is out of range; allowed: {'0 or ' if zero else ''}"
+                          f"[{MIN_DECISION_INTERVAL_S}, {hi:g}]")
 
 
 class ArrivalLimitError(ConfigError):

@@ -27,6 +27,10 @@ instances in seconds, not tokens or counts, through ``cluster.speeds`` (``sim/sp
 one definition of an instance's speed and a request's estimated service time there); see
 ``load_s``. In a homogeneous cluster they keep their token or count rules exactly.
 
+Holding (``defers = True``): such a router's ``select`` / ``select_from_queue`` are wrapped at
+class creation so that no request is held without bound whatever the options say
+(``release.py``: an hour at most, a minute while no instance runs anything).
+
 Ties always break to the lowest instance index, so every router except ``random`` and
 ``power_of_two`` is a deterministic function of the cluster state, and those two draw only from
 the generator handed to ``reset``.
@@ -38,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Iterable, Protocol, runtime_checkable
 
 import numpy as np
+
+from .release import bound_holds
 
 
 @runtime_checkable
@@ -78,6 +84,12 @@ class RouterBase:
     name: ClassVar[str] = ""
     defers: ClassVar[bool] = False
     Options: ClassVar[type] = NoOptions
+
+    def __init_subclass__(cls, **kwargs):
+        # The release guarantee (routers/release.py): a router that may hold cannot hold a
+        # request without bound, whatever its options.
+        super().__init_subclass__(**kwargs)
+        bound_holds(cls)
 
     def __init__(self, options: Any = None):
         if options is None:

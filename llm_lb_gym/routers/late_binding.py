@@ -43,6 +43,7 @@ import math
 from dataclasses import dataclass
 
 from .._validate import check_choice, check_range
+from ..limits import check_period_s
 from .base import RouterBase
 
 ORDERS = ("shortest", "oldest")
@@ -59,7 +60,9 @@ class LateBindingOptions:
     entry point reads; MCU's rule is ``period_s=1.0, rounds=global, reserve=full``."""
 
     period_s: float = 0.1
-    """Time between release rounds; 0 releases at every decision time."""
+    """Time between release rounds; 0 releases at every decision time. 0 or [1e-4, 1e9] s
+    (``limits.check_period_s``); however long, no request is held without bound
+    (``routers/release.py``)."""
     order: str = "shortest"
     """Which eligible request goes next: shortest (predicted ideal latency) or oldest."""
     reserve: str = "prompt"
@@ -76,7 +79,7 @@ class LateBindingOptions:
     whole queue)."""
 
     def __post_init__(self) -> None:
-        check_range("router.late_binding.period_s", self.period_s, 0.0)
+        check_period_s("router.late_binding.period_s", self.period_s)
         check_choice("router.late_binding.order", self.order, ORDERS)
         check_choice("router.late_binding.reserve", self.reserve, RESERVES)
         if self.max_wait_s is not None:

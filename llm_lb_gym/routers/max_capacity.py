@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .._validate import check_range
+from ..limits import check_period_s
 from ..sim.request import Status
 from .base import RouterBase
 
@@ -39,10 +39,10 @@ from .base import RouterBase
 @dataclass(frozen=True)
 class MaxCapacityOptions:
     period_s: float = 1.0
-    """Time between routing rounds (paper: 1 s)."""
+    """Time between routing rounds (paper: 1 s), in [1e-4, 1e9] s."""
 
     def __post_init__(self) -> None:
-        check_range("router.max_capacity.period_s", self.period_s, 0.0, lo_open=True)
+        check_period_s("router.max_capacity.period_s", self.period_s, zero=False)
 
 
 # Decision times come from k * interval; a grid point meant to equal a tick may land a few ulps

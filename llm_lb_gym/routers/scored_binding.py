@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass, fields
 
 from .._validate import ConfigError, check_choice, check_range
+from ..limits import check_period_s
 from .base import work_left_tokens
 from .late_binding import ROUNDS, LateBinding, LateBindingOptions
 
@@ -78,7 +79,8 @@ class ScoredBindingOptions:
     since the last release); every weight at 0."""
 
     period_s: float = 0.1
-    """Time between release rounds (late_binding's); 0 releases at every decision time."""
+    """Time between release rounds (late_binding's); 0 releases at every decision time, else
+    in [1e-4, 10] s."""
     rounds: str = "since_release"
     """How rounds open (late_binding's ``rounds``)."""
     max_wait_s: float | None = None
@@ -105,7 +107,7 @@ class ScoredBindingOptions:
 
     def __post_init__(self) -> None:
         p = "router.scored_binding"
-        check_range(f"{p}.period_s", self.period_s, 0.0, 10.0)
+        check_period_s(f"{p}.period_s", self.period_s, 10.0)
         check_choice(f"{p}.rounds", self.rounds, ROUNDS)
         if self.max_wait_s is not None:
             check_range(f"{p}.max_wait_s", self.max_wait_s, 0.0, lo_open=True)
