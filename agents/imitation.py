@@ -54,7 +54,7 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
     ``reward_scale`` multiplies the rewards as the training env's scaling does, so the
     demonstrations and the learner's own transitions share units.
     """
-    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice, watchdog
 
     from llm_lb_gym.agents.replay import SemiMDPReplayBuffer
 
@@ -69,6 +69,7 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
     t0 = time.perf_counter()
     for ep in range(episodes):
         obs, info = start_episode(base, router, seed + ep)
+        check = watchdog(base, f"imitation teacher {teacher!r} ({router!r})", seed + ep).check
         while True:
             choice = router_choice(base, router)
             action = base.defer_action if choice is None else base.action_for(*choice)
@@ -84,6 +85,7 @@ def collect_demonstrations(env, teacher: str, episodes: int, seed: int, *, rewar
             if term or trunc:
                 metrics.append(info.get("metrics") or base.metrics())
                 break
+            check()
     size = buffer_size or max(len(records), 1)
     buf = SemiMDPReplayBuffer(size, base.observation_space, base.action_space, device=device,
                               handle_timeout_termination=False)

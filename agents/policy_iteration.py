@@ -298,7 +298,7 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
 
     import llm_lb_gym  # noqa: F401
     from llm_lb_gym.routers.improve import RolloutImprovement
-    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice, watchdog
 
     th.set_num_threads(1)
     env = gym.make("LLMCluster-v0", **kw).unwrapped
@@ -317,6 +317,8 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
                                 base_router=make_env_router(cfg.teacher, env, **cfg.teacher_options))
     rng = np.random.default_rng([label_seed, seed])
     obs, info = start_episode(env, teacher, seed)
+    check = watchdog(env, f"policy iteration (teacher {teacher!r}, "
+                          f"{'the network' if policy is not None else 'the teacher'} acting)", seed).check
     obs_l, mask_l, teach_l, adv_l, se_l = [], [], [], [], []
     n_choice = labelled = 0
     label_wall = 0.0
@@ -360,6 +362,7 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
                 obs, r, term, trunc, info = env.step(a)
         if term or trunc:
             break
+        check()
     return {"obs": np.asarray(obs_l, np.float32).reshape(len(obs_l), -1),
             "mask": np.asarray(mask_l, bool).reshape(len(mask_l), -1),
             "teacher": np.asarray(teach_l, np.int64), "adv": adv_l, "se": se_l,

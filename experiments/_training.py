@@ -138,11 +138,12 @@ def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice
+    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice, watchdog
 
     env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}).unwrapped
     router = make_env_router("round_robin", env)
     start_episode(env, router, seed)
+    check = watchdog(env, "round robin (the schedule's reference episode)", seed).check
     rewards, discounts = [], []
     while True:
         _, r, term, trunc, info = take_choice(env, router_choice(env, router))
@@ -150,6 +151,7 @@ def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
         discounts.append(info["discount"])
         if term or trunc:
             break
+        check()
     # Discounted return-to-go at every step (the quantity the learner's values estimate).
     returns = np.empty(len(rewards))
     g = 0.0

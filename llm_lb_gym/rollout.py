@@ -25,6 +25,7 @@ import numpy as np
 from .envs.cluster_env import LLMClusterEnv
 from .envs.router_factory import make_env_router  # noqa: F401  (re-exported: evaluation code imports it from here)
 from .sim.metrics import request_latencies
+from .sim.watchdog import Watchdog
 
 
 def accepts_action_masks(agent: Any) -> bool:
@@ -96,10 +97,18 @@ def take_choice(env: LLMClusterEnv, choice: tuple[int, int] | None):
     return env.route_step(env.m) if choice is None else env.route_step(choice[1], choice[0])
 
 
+def watchdog(env: LLMClusterEnv, who: str, seed: int) -> Watchdog:
+    """The progress watchdog (``sim/watchdog.py``) of the episode ``env`` (unwrapped) has just
+    been reset to: every loop that steps an env to the episode's end calls its ``check()``
+    once per step, so a decider that holds requests forever stops the loop with a report."""
+    return Watchdog(env.cluster, f"{who} on seed {seed}")
+
+
 def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None = None) -> EpisodeResult:
     """One episode driven by a heuristic router (``llm_lb_gym.routers``)."""
     env = env.unwrapped
     start_episode(env, router, seed)
+    check = watchdog(env, f"router {router.name!r} ({router!r})", seed).check
     ret, steps, info = 0.0, 0, {}
     while True:
         _, r, term, trunc, info = take_choice(env, router_choice(env, router))
@@ -107,6 +116,7 @@ def rollout_router(env: LLMClusterEnv, router, seed: int, max_steps: int | None 
         steps += 1
         if term or trunc or (max_steps is not None and steps >= max_steps):
             return _finish(env, info, ret, steps)
+        check()
 
 
 def rollout_agent(env, agent, seed: int, deterministic: bool = True,
@@ -114,6 +124,7 @@ def rollout_agent(env, agent, seed: int, deterministic: bool = True,
     """One episode driven by an agent with ``predict(obs, ...)`` (SB3 models, ``agents.*``)."""
     base = env.unwrapped
     obs, info = env.reset(seed=seed)
+    check = watchdog(base, f"agent {type(agent).__name__}", seed).check
     ret, steps = 0.0, 0
     while True:
         action = predict_action(agent, obs, info.get("action_mask"), deterministic=deterministic)
@@ -122,3 +133,4 @@ def rollout_agent(env, agent, seed: int, deterministic: bool = True,
         steps += 1
         if term or trunc or (max_steps is not None and steps >= max_steps):
             return _finish(base, info, ret, steps)
+        check()

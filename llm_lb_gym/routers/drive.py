@@ -12,7 +12,8 @@ timings, matching the two ways a router is used:
   the clock jumps to the first grid point at or after the next arrival.
 
 Both walks are the decision clock's (``sim/clock.py``), which the env, the rollout operator and
-``sim.simulate`` share; here it is given the router (``decide``) and an idle-hold guard.
+``sim.simulate`` share; here it is given the router (``decide``) and the progress watchdog
+(``sim/watchdog.py``).
 
 ``decide`` is the single place that knows the two calling conventions (``select`` on the head,
 or ``select_from_queue`` for reordering routers); any driver - the env's evaluation loop
@@ -32,11 +33,8 @@ from ..sim.clock import run_on_arrival, run_on_grid
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.request import RequestTable
+from ..sim.watchdog import Watchdog
 from ..workload.batch import RequestBatch
-
-# A router deferring on a completely idle cluster for this long will never route: stop instead
-# of spinning (no sensible policy waits an hour of simulated time with nothing running).
-_MAX_IDLE_DEFER_S = 3600.0
 
 
 ROUTER_SEED_STREAM = 7
@@ -108,7 +106,7 @@ def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.
     if decision_interval_s == 0.0:
         run_on_arrival(cluster, route_all, f"router {router.name!r}")
     else:
-        run_on_grid(cluster, route_all, decision_interval_s, _idle_hold_guard(router))
+        run_on_grid(cluster, route_all, decision_interval_s, Watchdog(cluster, f"router {router.name!r} ({router!r})").on_hold)
     assert cluster.done, "episode ended with requests neither finished nor rejected"
     return cluster
 
@@ -121,20 +119,3 @@ def _route_all(cluster: Cluster, router) -> None:
             return
         pos, inst = choice
         cluster.route(inst, pos)
-
-
-def _idle_hold_guard(router):
-    """The clock's ``on_hold``: a router holding requests on an idle cluster after the last
-    arrival for ``_MAX_IDLE_DEFER_S`` will never route; raise instead of spinning."""
-    since = [None]
-
-    def on_hold(cluster: Cluster, t: float) -> None:
-        if cluster.all_arrived and all(e.idle() for e in cluster.engines):
-            since[0] = t if since[0] is None else since[0]
-            if t - since[0] > _MAX_IDLE_DEFER_S:
-                raise RuntimeError(f"router {router.name!r} keeps deferring on an idle cluster "
-                                   f"(since t={since[0]:.3f} s)")
-        else:
-            since[0] = None
-
-    return on_hold

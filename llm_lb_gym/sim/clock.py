@@ -25,6 +25,7 @@ from typing import Callable
 
 from ..limits import _MAX_GRID_INDEX, MAX_ARRIVAL_S, ArrivalLimitError
 from .cluster import Cluster
+from .watchdog import Watchdog
 
 RouteAll = Callable[[Cluster], object]
 """Route queued requests while the decider agrees (its return value is ignored)."""
@@ -139,7 +140,8 @@ def drain(cluster: Cluster, route_all: RouteAll, k: int, dt: float) -> None:
     tb = cluster.table
     if cluster._next < tb.n:
         tb.arrival_s[cluster._next] = math.inf      # arrivals are taken in id order
-    decide_on_grid(cluster, route_all, k, dt)
+    decide_on_grid(cluster, route_all, k, dt,
+                   on_hold=Watchdog(cluster, "the drain of a rollout (routers.improve)").on_hold)
     for e in cluster.engines:
         e.advance_to(math.inf)
 
