@@ -28,6 +28,7 @@ import numpy as np
 from llm_lb_gym.experiments._serve_policy import load_policy
 
 BODY = {"model": "sim-model", "prompt": "a b c d", "max_tokens": 1}
+BURST_BODY = {"model": "sim-model", "prompt": "a b c d e", "max_tokens": 4}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -51,18 +52,20 @@ def in_process(args, router: str) -> str:
             f"p99 {np.percentile(t, 99):.3f} ms, mean {t.mean():.3f} ms")
 
 
-def start(args, router: str):
+def start(args, router: str, time_scale: str = "100000"):
     """Backends and a router process; ``router`` "learned" runs ``--policy``."""
     from llm_lb_gym.serve.launch import free_port, spawn_sim_backend, wait_healthy
 
     procs, urls = [], []
     for _ in range(args.backends):
         port = free_port()
-        procs.append(spawn_sim_backend(port, "--time-scale", "100000"))
+        procs.append(spawn_sim_backend(port, "--time-scale", time_scale))
         urls.append(f"http://127.0.0.1:{port}")
     port = free_port()
     cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port)]
     cmd += ["--policy", args.policy] if router == "learned" else ["--router", router]
+    if args.options_from and router != "learned":
+        cmd += ["--options-from", args.options_from]
     if not args.assemble_upstream:
         cmd.append("--no-assemble-upstream")
     for u in urls:
@@ -118,6 +121,22 @@ async def rate(url: str, seconds: float, concurrency: int, max_requests: int) ->
         t = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return ok, err, time.monotonic() - t
+
+
+async def burst(url: str, n: int) -> tuple[float, int]:
+    """``n`` short non-streamed requests sent at once; (seconds until the last answer, errors)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=60)) as c:
+        async def one() -> int:
+            async with c.post(url + "/v1/completions", json=BURST_BODY) as r:
+                await r.read()
+                return r.status
+
+        t = time.monotonic()
+        status = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+        return time.monotonic() - t, sum(s != 200 for s in status)
 
 
 def decision_quantiles(text: str) -> str:
@@ -181,6 +200,11 @@ def main(argv=None) -> None:
                     help="the router passes non-streamed requests through instead of assembling them "
                          "from upstream streams (compare the two paths' cost)")
     ap.add_argument("--decisions", type=int, default=2000, help="in-process decision-time samples")
+    ap.add_argument("--options-from", default=None,
+                    help="experiment whose eval.policy_options the routers take (serve router --options-from)")
+    ap.add_argument("--burst", type=int, default=0,
+                    help="only this: N short requests at once through each router, backends at time "
+                         "scale 1 (simulated V100s), the time until the last answer")
     ap.add_argument("--policy", default=None, help="llm_lb_gym.experiments.train run dir (for --backends "
                     "instances): adds a 'learned' router row")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
@@ -192,6 +216,20 @@ def main(argv=None) -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
           f"{args.backends} simulated backends; all on 127.0.0.1")
     routers = args.routers.split(",") + (["learned"] if args.policy else [])
+    if args.burst:
+        for router in routers:
+            url, urls, procs = start(args, router, time_scale="1")
+            try:
+                asyncio.run(burst(url, 4))   # warm up
+                time.sleep(0.5)
+                dt, err = asyncio.run(burst(url, args.burst))
+                print(f"[{router}] burst of {args.burst}: the last answered after {dt:.3f} s, {err} errors "
+                      f"(load average {os.getloadavg()[0]:.1f})")
+            finally:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+        return
     for router in routers:
         url, urls, procs = start(args, router)
         try:

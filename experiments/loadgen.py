@@ -64,15 +64,15 @@ def workload_batch(args):
 
 
 def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int) -> dict:
-    """The same requests through the simulator (oracle predictions = max_tokens, as served)."""
-    from llm_lb_gym.routers.drive import run_router
+    """The same requests through the simulator (oracle predictions = max_tokens, as served; ideal
+    latencies as the service computes them; ``serve.lockstep.simulated_run``)."""
     from llm_lb_gym.routers.registry import make_router
+    from llm_lb_gym.serve.lockstep import simulated_run
     from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
     from llm_lb_gym.sim.metrics import episode_metrics
 
-    r = make_router(router, **options)
-    cluster = run_router(batch, ClusterConfig(num_instances=n, engine=EngineConfig(preset=preset)), r,
-                         np.random.default_rng(seed), 0.02 if r.defers else 0.0)
+    cluster, _ = simulated_run(batch, ClusterConfig(num_instances=n, engine=EngineConfig(preset=preset)),
+                               make_router(router, **options), np.random.default_rng(seed), 0.02)
     return episode_metrics(cluster.table)
 
 

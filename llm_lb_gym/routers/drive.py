@@ -70,24 +70,33 @@ def decide(cluster: Cluster, router) -> tuple[int, int] | None:
 
 
 def build_table(batch: RequestBatch, pred_decode_tokens=None,
-                decode_scheme: BucketScheme | None = None) -> RequestTable:
+                decode_scheme: BucketScheme | None = None, inv_ideal_s=None,
+                prompt_scheme: BucketScheme | None = None) -> RequestTable:
     """The episode's table; predictions default to the true lengths (oracle). With a scheme,
-    ``decode_bucket`` holds each prediction's bucket, as the env fills it."""
+    ``decode_bucket`` holds each prediction's bucket (``prompt_bucket`` each prompt's), as the
+    env fills it; ``inv_ideal_s``
+    (1 / each request's ideal latency, as the env and the router service fill it: late_binding
+    orders by it) defaults to 0."""
     pred = np.asarray(batch.decode_tokens if pred_decode_tokens is None else pred_decode_tokens,
                       dtype=np.float64)
     if pred.shape != (len(batch),):
         raise ValueError(f"pred_decode_tokens has shape {pred.shape}, expected ({len(batch)},)")
     buckets = None if decode_scheme is None else decode_scheme.bucket(pred)
-    return RequestTable.from_batch(batch, pred, decode_bucket=buckets)
+    pb = None if prompt_scheme is None else prompt_scheme.bucket(batch.prompt_tokens)
+    return RequestTable.from_batch(batch, pred, decode_bucket=buckets, prompt_bucket=pb,
+                                   inv_ideal_s=inv_ideal_s)
 
 
 def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.random.Generator,
                decision_interval_s: float = 0.0, pred_decode_tokens=None, *,
-               decode_scheme: BucketScheme | None = None, check: bool = False) -> Cluster:
+               decode_scheme: BucketScheme | None = None, check: bool = False,
+               inv_ideal_s=None, prompt_scheme: BucketScheme | None = None) -> Cluster:
     """Run one episode with ``router`` until every request has finished or been rejected.
 
     ``rng`` goes to ``router.reset``; the simulator itself is deterministic. ``decode_scheme``
-    fills ``table.decode_bucket`` (give Min-Min the same edges). Returns the finished cluster
+    fills ``table.decode_bucket`` (give Min-Min the same edges); ``prompt_scheme`` and
+    ``inv_ideal_s`` fill ``table.prompt_bucket`` and ``table.inv_ideal`` (``build_table``; a
+    trained policy's observation reads the buckets). Returns the finished cluster
     (metrics: ``sim.metrics`` over ``cluster.table``).
     """
     check_range("decision_interval_s", decision_interval_s, 0.0, MAX_ARRIVAL_S)
@@ -98,9 +107,10 @@ def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.
         raise ConfigError(
             f"router {router.name!r} may defer, which needs a decision grid: "
             f"decision_interval_s=0.0 is not valid for it; allowed: > 0")
-    table = build_table(batch, pred_decode_tokens, decode_scheme)
+    table = build_table(batch, pred_decode_tokens, decode_scheme, inv_ideal_s, prompt_scheme)
     nb = 1 if decode_scheme is None else decode_scheme.num_buckets
-    cluster = Cluster(cluster_cfg, table, num_decode_buckets=nb, check=check)
+    npb = 1 if prompt_scheme is None else prompt_scheme.num_buckets
+    cluster = Cluster(cluster_cfg, table, num_prompt_buckets=npb, num_decode_buckets=nb, check=check)
     router.reset(rng, cluster_cfg.num_instances)
     route_all = functools.partial(_route_all, router=router)
     if decision_interval_s == 0.0:

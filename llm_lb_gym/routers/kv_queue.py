@@ -46,7 +46,9 @@ class KVQueueScorer(RouterBase):
 
     def score(self, engine) -> float:
         o = self.options
-        s = o.w_kv * engine.used / engine.total_blocks + o.w_queue * engine.num_waiting / engine.max_seqs
+        # free_blocks, not used: an engine's ``used`` lags its decode iterations until synced.
+        used = engine.total_blocks - engine.free_blocks
+        s = o.w_kv * used / engine.total_blocks + o.w_queue * engine.num_waiting / engine.max_seqs
         if o.w_running:
             s += o.w_running * (engine.B + len(engine.prefilling)) / engine.max_seqs
         return s

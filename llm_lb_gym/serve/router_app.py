@@ -54,7 +54,8 @@ from .assemble import Assembler, UpstreamErrorEvent, needs_passthrough, streamed
 from .config import RouterServiceConfig
 from .protocol import CHAT, COMPLETIONS, BadRequest, error_body, make_counter, parse_request
 from .scrape import parse_metrics
-from .view import BackendView, ServiceCluster, ServiceTable
+from .dispatch import Dispatcher
+from .view import BackendView, ServiceTable, inv_ideal_function
 
 _DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2)
 _UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
@@ -79,6 +80,7 @@ class RouterService:
         self.count = make_counter(cfg.tokenizer)
         self.router = make_router(cfg.router, **cfg.router_options) if router is None else router
         self.latency = get_preset(cfg.preset).latency
+        self._inv_ideal = inv_ideal_function(self.latency)
         self.rng = np.random.default_rng(cfg.seed)
         self.table = ServiceTable()
         self.views = [BackendView(i, url.rstrip("/"), self.table, block_size=cfg.block_size,
@@ -88,19 +90,22 @@ class RouterService:
         self._buckets = getattr(self.router, "buckets", None)
         if hasattr(self.router, "prepare"):
             self.router.prepare(self.views)
-        self.cluster = ServiceCluster(self.views)
-        self.router.reset(self.rng, len(self.cluster.engines))
+        self._metrics()
+        self.dispatcher = Dispatcher(self.router, self.views, self.rng, cfg.decision_interval_s,
+                                     on_decision=self.m_decision.observe)
+        self.cluster = self.dispatcher.cluster
+        self.t0 = time.monotonic()
         self.waiters: dict[int, asyncio.Future] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self.client: aiohttp.ClientSession | None = None
-        self._metrics()
 
     def _metrics(self) -> None:
         r = self.registry = CollectorRegistry()
         self.m_requests = Counter("llm_lb_router_requests", "Requests by endpoint and outcome",
                                   ["endpoint", "outcome"], registry=r)
         Gauge("llm_lb_router_queue_length", "Requests held in the router queue",
-              registry=r).set_function(lambda: len(self.cluster.queue))
+              registry=r).set_function(lambda: self.dispatcher.waiting)
         inflight = Gauge("llm_lb_router_backend_in_flight", "Requests in flight per backend",
                          ["backend"], registry=r)
         up = Gauge("llm_lb_router_backend_up", "1 when the backend is routed to", ["backend"], registry=r)
@@ -115,37 +120,44 @@ class RouterService:
                               ["backend"], registry=r)
 
     # ------------------------------------------------------------------ routing
-    def dispatch(self) -> None:
-        """Ask the router while requests wait; wake each routed request's handler."""
-        c = self.cluster
-        if c.refresh() and c.engines:
-            self.router.reset(self.rng, len(c.engines))
-        if not c.engines:
-            return
-        while c.queue:
-            t0 = time.perf_counter()
-            choice = decide(c, self.router)
-            self.m_decision.observe(time.perf_counter() - t0)
-            if choice is None:
-                if self._timer is None:
-                    self._timer = asyncio.get_running_loop().call_later(
-                        self.cfg.decision_interval_s, self._tick)
-                return
-            pos, inst = choice
-            rid = c.route(inst, pos)
-            fut = self.waiters.pop(rid)
-            if not fut.done():
-                fut.set_result(c.engines[inst])
+    def now_s(self) -> float:
+        """The service's clock: seconds since it started (the decision grid's origin)."""
+        return time.monotonic() - self.t0
+
+    def dispatch(self, t: float | None = None) -> None:
+        """Make the decision at ``t`` (default now; ``dispatch.py``), wake each routed request's
+        handler, and while requests wait at a holding router, ask it again at the next grid
+        point."""
+        d = self.dispatcher
+        for rid, view in d.decide(self.now_s() if t is None else t):
+            fut = self.waiters.pop(rid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(view)
+        if d.holds and d.waiting and self._timer is None:
+            self._schedule(d.next_grid_time(self.now_s()))
+
+    def _schedule(self, t: float) -> None:
+        self._timer_at = t
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, t - self.now_s()), self._tick)
 
     def _tick(self) -> None:
+        """A grid point: decide there (or at the latest point passed, if the loop was late)."""
         self._timer = None
-        self.dispatch()
+        d = self.dispatcher
+        self.dispatch(max(self._timer_at, d.grid_time(self.now_s())))
 
-    async def acquire(self, rid: int) -> BackendView:
+    async def acquire(self, rid: int, retry: bool = False) -> BackendView:
         fut = asyncio.get_running_loop().create_future()
         self.waiters[rid] = fut
-        self.cluster.queue.append(rid)
-        self.dispatch()
+        d = self.dispatcher
+        if retry:   # back to the router after a failed attempt: ahead of later arrivals
+            d.requeue(rid)
+        else:
+            d.arrive(rid)
+        if not d.holds:
+            self.dispatch()
+        elif self._timer is None:
+            self._schedule(d.next_grid_time(self.now_s()))
         if fut.done():
             return fut.result()
         # asyncio.wait, not wait_for: wait_for returns the result when the request is routed in
@@ -164,8 +176,7 @@ class RouterService:
         """Take a waiting request back: out of the queue, or, if it was routed meanwhile, out
         of its backend's in-flight table."""
         self.waiters.pop(rid, None)
-        with contextlib.suppress(ValueError):
-            self.cluster.queue.remove(rid)
+        self.dispatcher.withdraw(rid)
         if fut.done() and not fut.cancelled():
             self.finish(fut.result(), rid)
         else:
@@ -173,7 +184,7 @@ class RouterService:
 
     def finish(self, view: BackendView, rid: int) -> None:
         view.on_end(rid)
-        if self.cluster.queue:
+        if self.cluster.queue and not self.dispatcher.holds:   # held ones wait for the grid
             self.dispatch()
 
     def mark_down(self, view: BackendView) -> None:
@@ -185,7 +196,7 @@ class RouterService:
         """Scrape every backend's /metrics each poll interval; it is also the health check."""
         while True:
             await asyncio.gather(*(self._poll(v) for v in self.views))
-            if self.cluster.queue:
+            if self.cluster.queue and not self.dispatcher.holds:
                 self.dispatch()
             await asyncio.sleep(self.cfg.poll_interval_s)
 
@@ -198,7 +209,7 @@ class RouterService:
         except _UPSTREAM_ERRORS:
             self.mark_down(v)
             return
-        v.on_poll(parse_metrics(text), time.monotonic())
+        v.on_poll(parse_metrics(text), self.now_s())
         v.up = True
 
     # ------------------------------------------------------------------ proxying
@@ -211,9 +222,8 @@ class RouterService:
             return JSONResponse(exc.body(), status_code=exc.status)
         tb = self.table
         pb, db = (0, 0) if self._buckets is None else self._buckets(req.prompt_tokens, req.max_tokens)
-        rid = tb.add(req.prompt_tokens, float(req.max_tokens), self.cluster.t,
-                     1.0 / max(1e-6, self.latency.isolated_request_s(req.prompt_tokens, req.max_tokens)),
-                     pb, db)
+        rid = tb.add(req.prompt_tokens, float(req.max_tokens), self.now_s(),
+                     self._inv_ideal(req.prompt_tokens, req.max_tokens), pb, db)
         headers = {"content-type": "application/json"}
         if "authorization" in request.headers:
             headers["authorization"] = request.headers["authorization"]
@@ -268,7 +278,7 @@ class RouterService:
         last_error = ""
         for attempt in range(self.cfg.max_attempts):
             try:
-                view = await self.acquire(rid)
+                view = await self.acquire(rid, retry=attempt > 0)
             except NoBackend:
                 self.m_requests.labels(kind, "no_backend").inc()
                 self.table.free(rid)

@@ -37,6 +37,7 @@ from ..sim._compiled import engine_class
 from ..sim.config import EngineConfig
 from ..sim.request import RequestTable, Status
 from .protocol import CHAT, COMPLETIONS, BadRequest, parse_request
+from .scrape import BackendLoad
 
 _RUNNING, _FINISHED = int(Status.RUNNING), int(Status.FINISHED)
 _EPS_S = 1e-9     # "run the iteration that starts now": advance_to runs those starting before T
@@ -194,8 +195,8 @@ class SimBackend:
 
     def metrics_text(self) -> str:
         e = self.engine
-        used = e.total_blocks - e.free_blocks
-        running = e.B + len(e.prefilling)
+        load = engine_load(e)
+        running, usage = load.running, load.kv_usage
         c = self.counters
         name = self.cfg.model
         lines = [
@@ -204,9 +205,9 @@ class SimBackend:
             "# TYPE vllm:num_requests_waiting gauge",
             f'vllm:num_requests_waiting{{model_name="{name}"}} {e.num_waiting}',
             "# TYPE vllm:gpu_cache_usage_perc gauge",
-            f'vllm:gpu_cache_usage_perc{{model_name="{name}"}} {used / e.total_blocks}',
+            f'vllm:gpu_cache_usage_perc{{model_name="{name}"}} {usage}',
             "# TYPE vllm:kv_cache_usage_perc gauge",
-            f'vllm:kv_cache_usage_perc{{model_name="{name}"}} {used / e.total_blocks}',
+            f'vllm:kv_cache_usage_perc{{model_name="{name}"}} {usage}',
             "# TYPE vllm:cache_config_info gauge",
             f'vllm:cache_config_info{{block_size="{e.bs}",num_gpu_blocks="{e.total_blocks}",'
             f'max_num_seqs="{e.max_seqs}"}} 1.0',
@@ -224,6 +225,15 @@ class SimBackend:
             f"sim_backend_requests_total {c['requests_total']}",
         ]
         return "\n".join(lines) + "\n"
+
+
+def engine_load(e) -> BackendLoad:
+    """What a simulated backend's ``/metrics`` says of its engine (vLLM's gauges): running
+    (batch and prefilling), waiting, KV usage, the KV cache's size. The router's lockstep
+    driver (``lockstep.py``) polls engines through it too."""
+    used = e.total_blocks - e.free_blocks
+    return BackendLoad(e.B + len(e.prefilling), e.num_waiting, used / e.total_blocks,
+                       e.total_blocks, e.bs)
 
 
 async def _client_gone(receive) -> None:
