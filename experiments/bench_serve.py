@@ -44,7 +44,7 @@ def in_process(args, router: str) -> str:
         from llm_lb_gym.serve.config import RouterServiceConfig
 
         backends = tuple(f"http://127.0.0.1:{i + 1}" for i in range(args.backends))
-        obj = load_policy(args.policy, "best_model.zip", RouterServiceConfig(backends=backends))
+        obj = load_policy(args.policy, None, RouterServiceConfig(backends=backends))
     else:
         obj = make_router(router)
     t = decision_times(obj, args.backends, args.decisions) * 1e3

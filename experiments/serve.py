@@ -4,10 +4,16 @@
     llm-lb-gym serve router --port 8000 --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002 \\
         --router late_binding -o period_s=0.1 -o reserve=prompt
     llm-lb-gym serve router ... --router late_binding --options-from paper_v100   # tuned options
+    llm-lb-gym serve router ... --router scored_binding --options-from runs/search/scored_binding.yaml
+    llm-lb-gym serve router ... --policy outputs/improve/RUN          # the network improve trained
 
-Router options: ``-o key=value`` (values read as YAML: numbers, true/false, null), or
-``--options-from EXPERIMENT``, which composes ``conf/evaluate.yaml`` with
-``experiment=EXPERIMENT`` and takes ``eval.policy_options[ROUTER]`` (``-o`` overrides it).
+Router options: ``-o key=value`` (typed by the router's options: ``period_s=1e9`` is a number,
+``max_wait_s=null`` None), or ``--options-from SPEC``: an experiment (``conf/evaluate.yaml``
+composed with ``experiment=SPEC``, ``eval.policy_options[ROUTER]``), an options file
+(``{ROUTER: {...}}``, e.g. ``policy_search``'s ``scored_binding.yaml``, or a run's
+``resolved_config.yaml``) or a directory holding ``ROUTER.yaml``; ``-o`` overrides it.
+``--policy``: an ``improve`` or ``train`` run directory (or its model file); ``--router`` is then
+the router while a backend is down (default: the network's own fallback).
 Binds 127.0.0.1 unless ``--host`` says otherwise. docs/serving.md has the whole picture.
 """
 
@@ -16,30 +22,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llm_lb_gym.experiments._serve_policy import load_policy
+from llm_lb_gym.experiments._serve_policy import experiment_router_options, load_policy, router_options_from
 
-
-def _options(pairs: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for p in pairs:
-        key, sep, value = p.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"serve: -o {p!r} is not key=value")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
-def experiment_router_options(experiment: str, router: str) -> dict:
-    """``eval.policy_options[router]`` of conf/evaluate.yaml composed with ``experiment``."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import OmegaConf
-
-    with initialize_config_module("llm_lb_gym.conf", version_base=None):
-        cfg = compose("evaluate", overrides=[f"experiment={experiment}"])
-    opts = OmegaConf.to_container(cfg.eval.policy_options or {}, resolve=True)
-    return dict(opts.get(router) or {})
+__all__ = ["experiment_router_options", "load_policy", "main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,13 +32,16 @@ def parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="what", required=True)
     r = sub.add_parser("router", help="the router service")
     r.add_argument("--backend", action="append", required=True, help="backend base URL (repeat)")
-    r.add_argument("--router", default="round_robin")
+    r.add_argument("--router", default=None, help="a served router (default round_robin; with --policy "
+                   "the router while a backend is down, default the network's own fallback)")
     r.add_argument("-o", "--option", action="append", default=[], help="router option key=value")
-    r.add_argument("--options-from", default=None, help="experiment whose eval.policy_options to use")
+    r.add_argument("--options-from", default=None,
+                   help="an experiment, an options file ({ROUTER: {...}}) or a directory holding ROUTER.yaml")
     r.add_argument("--policy", default=None,
-                   help="llm_lb_gym.experiments.train run directory: route with its trained policy (--router is the "
-                        "fallback while a backend is down)")
-    r.add_argument("--policy-model", default="best_model.zip", help="model file in the --policy directory")
+                   help="an llm-lb-gym improve or train run directory (or its model file): route with its "
+                        "trained network")
+    r.add_argument("--policy-model", default=None,
+                   help="model file in the --policy directory (default: best_policy.pt, then best_model.zip)")
     r.add_argument("--model", action="append", default=None, help="model name served (repeat)")
     r.add_argument("--context-tokens", type=int, default=4096)
     r.add_argument("--tokenizer", default=None, help="local HF tokenizer directory")
@@ -64,7 +52,24 @@ def parser() -> argparse.ArgumentParser:
                    help="KV blocks per backend that does not export them (default: the preset's)")
     r.add_argument("--block-size", type=int, default=16)
     r.add_argument("--max-seqs", type=int, default=128)
-    r.add_argument("--max-attempts", type=int, default=3)
+    r.add_argument("--max-attempts", type=int, default=3,
+                   help="backends tried per request before its first byte (default 3)")
+    faults = r.add_argument_group("faults (docs/serving.md, Faults)")
+    for flag, help_ in (("--connect-timeout-s", "upstream connect deadline (3)"),
+                        ("--first-byte-timeout-s", "deadline for a backend's response headers (30)"),
+                        ("--idle-timeout-s", "longest silence of an upstream stream, first token included (120)"),
+                        ("--request-timeout-s", "whole-reply deadline of a non-streamed pass-through request (600)"),
+                        ("--queue-timeout-s", "longest wait at the router before a 503 (60)"),
+                        ("--retry-backoff-s", "wait before a retry, doubling per attempt (0.05)"),
+                        ("--health-interval-s", "period of each backend's /health probe (0.5)"),
+                        ("--health-timeout-s", "a probe not answered within this fails (2)"),
+                        ("--drain-timeout-s", "on SIGTERM, how long requests in flight may finish (30)")):
+        faults.add_argument(flag, type=float, default=None, help=help_)
+    for flag, help_ in (("--health-fails", "failed probes in a row that take a backend out (3)"),
+                        ("--health-successes", "good probes in a row that bring it back (2)"),
+                        ("--fail-threshold", "failed requests in a row that take it out (3)"),
+                        ("--max-body-bytes", "largest request body accepted (8 MiB)")):
+        faults.add_argument(flag, type=int, default=None, help=help_)
     r.add_argument("--no-assemble-upstream", dest="assemble_upstream", action="store_false",
                    help="pass non-streamed requests through as sent (default: stream them upstream "
                         "and assemble the reply, so a client that leaves cancels them at llama.cpp)")
@@ -81,6 +86,16 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+_FAULT_OPTIONS = ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s", "request_timeout_s",
+                  "queue_timeout_s", "retry_backoff_s", "health_interval_s", "health_timeout_s",
+                  "drain_timeout_s", "health_fails", "health_successes", "fail_threshold", "max_body_bytes")
+
+
+def _fault_options(args) -> dict:
+    """The fault options given on the command line (the rest keep RouterServiceConfig's defaults)."""
+    return {k: getattr(args, k) for k in _FAULT_OPTIONS if getattr(args, k, None) is not None}
+
+
 def build_app(args):
     from llm_lb_gym._validate import ConfigError
 
@@ -95,16 +110,22 @@ def build_app(args):
         from llm_lb_gym.serve.config import RouterServiceConfig
         from llm_lb_gym.serve.router_app import create_app
 
-        opts = experiment_router_options(args.options_from, args.router) if args.options_from else {}
-        opts.update(_options(args.option))
+        from llm_lb_gym.serve.config import typed_router_options
+
+        name = args.router or "round_robin"
+        opts = router_options_from(args.options_from, name) if args.options_from else {}
+        opts.update(typed_router_options(name, args.option))
         cfg = RouterServiceConfig(
-            backends=tuple(args.backend), router=args.router, router_options=opts,
+            backends=tuple(args.backend), router=name, router_options=opts,
             models=tuple(args.model or ["sim-model"]), context_tokens=args.context_tokens,
             tokenizer=args.tokenizer, preset=args.preset, decision_interval_s=args.decision_interval_s,
             poll_interval_s=args.poll_interval_s, num_blocks=args.num_blocks, block_size=args.block_size,
             max_seqs=args.max_seqs, max_attempts=args.max_attempts, seed=args.seed,
-            assemble_upstream=args.assemble_upstream)
-        router = load_policy(args.policy, args.policy_model, cfg) if args.policy else None
+            assemble_upstream=args.assemble_upstream, **_fault_options(args))
+        router = None
+        if args.policy:
+            fallback = None if args.router is None and not (args.option or args.options_from) else name
+            router = load_policy(args.policy, args.policy_model, cfg, fallback, opts)
         return create_app(cfg, router)
     except (ConfigError, TypeError, ValueError, OSError) as exc:
         raise SystemExit(f"llm-lb-gym serve {args.what}: {exc}") from None
@@ -118,7 +139,11 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(args)
     import uvicorn
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    # On SIGTERM uvicorn stops accepting, lets requests in flight finish for the drain bound,
+    # then cancels the rest (each closes its upstream connection) and runs the app's shutdown.
+    drain = app.state.service.cfg.drain_timeout_s if args.what == "router" else 5.0
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                timeout_graceful_shutdown=drain)
 
 
 if __name__ == "__main__":

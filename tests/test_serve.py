@@ -477,10 +477,12 @@ def test_a_missing_or_corrupt_policy_file_is_a_named_error(backends, policy_dir,
     from llm_lb_gym._validate import ConfigError
 
     cfg = RouterServiceConfig(backends=tuple(b.url for b in backends))
+    with pytest.raises(ConfigError, match="best_model.zip does not exist"):
+        load_policy(str(tmp_path), "best_model.zip", cfg)
+    (tmp_path / "best_model.zip").write_bytes(b"not a zip file")
     with pytest.raises(ConfigError, match="resolved_config.yaml does not exist"):
         load_policy(str(tmp_path), "best_model.zip", cfg)
     shutil.copy(policy_dir / "resolved_config.yaml", tmp_path / "resolved_config.yaml")
-    (tmp_path / "best_model.zip").write_bytes(b"not a zip file")
     with pytest.raises(ConfigError, match="could not be loaded as a double_dqn model"):
         load_policy(str(tmp_path), "best_model.zip", cfg)
     three = RouterServiceConfig(backends=tuple(b.url for b in backends) + ("http://127.0.0.1:9",))

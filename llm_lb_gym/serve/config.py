@@ -24,6 +24,72 @@ def served_routers() -> tuple[str, ...]:
     return tuple(r for r in ROUTERS if r not in UNSERVED_ROUTERS)
 
 
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+_NULL = ("null", "none", "~", "")
+
+
+def _coerce(name: str, text: str, tp):
+    """``text`` as a value of the annotation ``tp`` (float, int, bool, str, tuple of int,
+    Optional of these); a ConfigError names the option, the value and what it must be."""
+    import typing
+
+    args = typing.get_args(tp)
+    if type(None) in args:    # Optional[X]
+        if text.strip().lower() in _NULL:
+            return None
+        rest = [a for a in args if a is not type(None)]
+        return _coerce(name, text, rest[0] if len(rest) == 1 else str)
+    t = text.strip()
+    try:
+        if tp is bool:
+            if t.lower() in _TRUE:
+                return True
+            if t.lower() in _FALSE:
+                return False
+            raise ValueError
+        if tp is int:
+            v = float(t)
+            if v != int(v):
+                raise ValueError
+            return int(v)
+        if tp is float:
+            return float(t)
+        if typing.get_origin(tp) is tuple:
+            inner = (args[0] if args else str)
+            items = [x for x in t.strip("[]()").replace(" ", "").split(",") if x]
+            return tuple(_coerce(name, x, inner) for x in items)
+    except (TypeError, ValueError):
+        kind = {bool: "true or false", int: "an integer", float: "a number"}.get(tp, f"a {tp}")
+        if typing.get_origin(tp) is tuple:
+            kind = "a comma-separated list (e.g. 256,2048)"
+        raise ConfigError(f"{name}={text!r} is not {kind}") from None
+    return text
+
+
+def typed_router_options(router: str, pairs) -> dict:
+    """``-o key=value`` pairs as the router's typed options (``period_s=1e9`` is a float, not
+    YAML's string; ``max_wait_s=null`` is None); an unknown key or a value of the wrong kind is
+    a ConfigError naming it and what is allowed. The router's own checks (ranges) come after."""
+    import typing
+
+    from ..routers.registry import ROUTER_CLASSES
+
+    if router not in ROUTER_CLASSES:
+        raise ConfigError(f"router={router!r} is unknown; allowed: {', '.join(served_routers())}")
+    hints = typing.get_type_hints(ROUTER_CLASSES[router].Options)
+    out = {}
+    for p in pairs:
+        key, sep, text = p.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"-o {p!r} is not key=value")
+        if key not in hints:
+            allowed = ", ".join(hints) or "none (it has no options)"
+            raise ConfigError(f"-o {key}: router {router!r} has no option {key!r}; allowed: {allowed}")
+        out[key] = _coerce(f"router.{router}.{key}", text, hints[key])
+    return out
+
+
 @dataclass(frozen=True)
 class RouterServiceConfig:
     """Options of one router service process."""
@@ -56,7 +122,20 @@ class RouterServiceConfig:
     max_seqs: int = 128
     """Batch slots per backend (late_binding releases only while one is free)."""
     max_attempts: int = 3
-    """Backends tried per request when connecting or a non-streamed reply fails."""
+    """Backends tried per request before its first byte (connection errors, 5xx, timeouts,
+    broken or malformed streams are retried elsewhere; then a 502 naming the last error)."""
+    retry_backoff_s: float = 0.05
+    """Wait before the second attempt; doubles per attempt, capped at ``retry_backoff_max_s``."""
+    retry_backoff_max_s: float = 1.0
+    connect_timeout_s: float = 3.0
+    """Upstream TCP connect deadline."""
+    first_byte_timeout_s: float = 30.0
+    """Deadline for a backend's response headers after the request is sent (servers send a
+    stream's headers at once; a backend that accepts and never answers costs this, or less
+    once the probes take it out). Non-streamed pass-through requests have ``request_timeout_s``."""
+    idle_timeout_s: float = 120.0
+    """Longest silence of an upstream stream, its first token included (a request may queue
+    at a loaded backend): then it is broken (retried, or an error event once bytes went out)."""
     assemble_upstream: bool = True
     """A client's non-streamed request goes upstream as a stream and the router assembles the
     reply (``serve/assemble.py``): a client that leaves then cancels it at llama.cpp too, which
@@ -65,9 +144,36 @@ class RouterServiceConfig:
     queue_timeout_s: float = 60.0
     """A request waiting this long at the router (no backend up, or held) gets a 503."""
     request_timeout_s: float = 600.0
-    """Upstream read timeout."""
+    """Whole-reply deadline of a non-streamed pass-through request (its headers come last)."""
+    health_interval_s: float = 0.5
+    """Period of each backend's ``/health`` probe."""
+    health_timeout_s: float = 2.0
+    """A probe not answered 200 within this fails."""
+    health_fails: int = 3
+    """Failed probes in a row that take a backend out (``health.py``)."""
+    health_successes: int = 2
+    """Good probes in a row that bring it back."""
+    fail_threshold: int = 3
+    """Failed requests in a row that take a backend out (the circuit breaker)."""
+    open_s: float = 2.0
+    """Least time a backend taken out by failed requests stays out (doubles per trip in a row)."""
+    open_max_s: float = 30.0
+    max_body_bytes: int = 8 << 20
+    """Largest request body accepted (a 413 beyond)."""
+    max_json_depth: int = 64
+    """Deepest nesting of arrays / objects accepted in a body."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM: requests in flight get this long to finish, then are cancelled."""
     seed: int = 0
     """Seed of the router's generator (random, power_of_two)."""
+
+    @property
+    def health(self):
+        """The probe and breaker thresholds (``health.HealthConfig``)."""
+        from .health import HealthConfig
+
+        return HealthConfig(self.health_fails, self.health_successes, self.fail_threshold,
+                            self.open_s, self.open_max_s)
 
     @property
     def kv_blocks(self) -> int:
@@ -102,6 +208,13 @@ class RouterServiceConfig:
         check_int("max_attempts", self.max_attempts, 1, 100)
         if not isinstance(self.assemble_upstream, bool):
             raise ConfigError(f"assemble_upstream={self.assemble_upstream!r}: allowed: True, False")
-        check_range("queue_timeout_s", self.queue_timeout_s, 0.0, lo_open=True)
-        check_range("request_timeout_s", self.request_timeout_s, 0.0, lo_open=True)
+        for name in ("retry_backoff_s", "retry_backoff_max_s"):
+            check_range(name, getattr(self, name), 0.0, 60.0)
+        for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s", "queue_timeout_s",
+                     "request_timeout_s", "health_timeout_s", "drain_timeout_s"):
+            check_range(name, getattr(self, name), 0.0, 86400.0, lo_open=True)
+        check_range("health_interval_s", self.health_interval_s, 0.01, 600.0)
+        check_int("max_body_bytes", self.max_body_bytes, 1024)
+        check_int("max_json_depth", self.max_json_depth, 4, 10000)
         check_int("seed", self.seed, 0)
+        self.health   # the probe and breaker thresholds' own checks

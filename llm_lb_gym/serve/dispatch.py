@@ -46,6 +46,7 @@ class Dispatcher:
         self.cluster = ServiceCluster(views)
         self.pending: deque[int] = deque()   # arrived, waiting for the next grid point (holding routers)
         self.on_decision = on_decision       # called with the seconds each decision took (metrics)
+        self.avoid: dict[int, set] = {}      # retried request -> backends it failed at
         if self.cluster.engines:
             router.reset(rng, len(self.cluster.engines))
 
@@ -58,9 +59,13 @@ class Dispatcher:
         """A request has arrived (its table row is filled, ``arrival_s`` included)."""
         (self.pending if self.holds else self.cluster.queue).append(rid)
 
-    def requeue(self, rid: int) -> None:
+    def requeue(self, rid: int, avoid=()) -> None:
         """A request back from a failed attempt: into the router queue at its arrival's place
-        (the queue is in arrival order, as the simulator's)."""
+        (the queue is in arrival order, as the simulator's). ``avoid``: backends it failed at;
+        if the router picks one of them while another is up, it goes to the one of the others
+        with the fewest requests in flight instead (a failover, not the router's choice)."""
+        if avoid:
+            self.avoid[rid] = set(avoid)
         q, arr = self.cluster.queue, self.cluster.table.arrival_s
         a = arr[rid]
         i = len(q)
@@ -102,13 +107,24 @@ class Dispatcher:
             if choice is None:
                 break
             pos, inst = choice
+            if self.avoid:
+                inst = self._failover(c.queue[pos], inst)
             rid = c.route(inst, pos)
             routed.append((rid, c.engines[inst]))
         return routed
 
+    def _failover(self, rid: int, inst: int) -> int:
+        bad = self.avoid.pop(rid, None)
+        engines = self.cluster.engines
+        if not bad or engines[inst] not in bad:
+            return inst
+        others = [i for i, e in enumerate(engines) if e not in bad]
+        return min(others, key=lambda i: len(engines[i].inflight)) if others else inst
+
     def withdraw(self, rid: int) -> bool:
         """Take a request that is still at the router out of its queues; False if it is not
         there (routed already)."""
+        self.avoid.pop(rid, None)
         for q in (self.cluster.queue, self.pending):
             try:
                 q.remove(rid)

@@ -13,8 +13,14 @@ What differs from training (docs/serving.md): predicted decode tokens are the re
 unknown (0); requests count as "prompt phase" until their first token streams back.
 
 The network fixes the instance count. While a backend is down the service has fewer instances
-than the policy was trained for; the router then decides with ``fallback`` (the service's
-``--router``) and says so in ``active``, until every backend is back.
+than the policy was trained for; the router then decides with ``fallback`` (``--router``, or the
+network's own: a distilled router's teacher, an SB3 agent's ``action.fallback_router``) and
+says so in ``active``, until every backend is back.
+
+A service has no episode: a network that observes ``arrivals_left`` (the main job's does) is
+told ``arrivals_ahead`` = its training episode's request count, the start of an episode, where
+more requests are always coming, which is a service's situation (an episode's end, when the
+arrivals stop and the queues drain, is not).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ class LearnedPolicyRouter:
     name = "learned"
     defers = True
 
-    def __init__(self, agent: Any, env: Any, fallback: Any):
+    def __init__(self, agent: Any, env: Any, fallback: Any, source: str = ""):
         self.agent, self.env, self.fallback = agent, env, fallback
         self.m = env.m
         self.k = env.k
@@ -41,7 +47,9 @@ class LearnedPolicyRouter:
         self.prompt_scheme, self.decode_scheme = ob.prompt_scheme, ob.decode_scheme
         self.n_p, self.n_d = ob.n_p, ob.n_d
         self.active = True
-        self.options = {"policy": type(agent).__name__, "instances": self.m}
+        self.options = {"policy": type(agent).__name__, "instances": self.m, "source": source,
+                        "fallback": getattr(fallback, "name", "?")}
+        self.arrivals_ahead = int(env.cfg.num_requests)
         # DQN-family agents with a flat observation: the Q-network directly, masked argmax,
         # which is what their predict computes, at a third of its cost (SB3's predict converts
         # and checks the observation each call; measured p50 0.17 vs 0.05 ms, p99 4.4 vs 0.2 ms).
@@ -69,6 +77,8 @@ class LearnedPolicyRouter:
 
     def reset(self, rng: np.random.Generator, num_instances: int) -> None:
         self.active = num_instances == self.m
+        if hasattr(self.agent, "teacher"):   # a distilled router: its teacher starts afresh too
+            self.agent._cluster = None
         if not self.active:
             self.fallback.reset(rng, num_instances)
 

@@ -129,6 +129,7 @@ class _Lockstep:
         """The clock's decider: the service decides, the simulator routes what it chose."""
         self.sync()
         tb, st = cluster.table, self.stable
+        self.disp.cluster.arrivals_ahead = tb.n - cluster.n_arrived   # the episode's, as simulated
         for rid in cluster.queue:
             if rid not in self.svc_of:
                 p, d = tb.prompt[rid], tb.pred[rid]

@@ -304,6 +304,7 @@ class ServiceCluster:
         self.table = views[0].table if views else ServiceTable()
         self.queue: deque[int] = deque()
         self.t = 0.0
+        self.arrivals_ahead = 0      # what ``table.n - n_arrived`` says (an episode's arrivals left)
         self.engines: list[BackendView] = []
         self.last_route_s: list[float] = []
         self.speeds = _Speeds(0)
@@ -311,8 +312,9 @@ class ServiceCluster:
 
     @property
     def n_arrived(self) -> int:
-        """Every request the service knows of has arrived (a service has no episode)."""
-        return self.table.n
+        """Every request the service knows of has arrived; a service has no episode, so the
+        arrivals still to come are ``arrivals_ahead`` (``learned.py``)."""
+        return self.table.n - self.arrivals_ahead
 
     def freeze(self, t: float) -> None:
         """Start a decision at time ``t``: the clock and every backend's polled load hold still."""
