@@ -38,11 +38,21 @@ def _compiled_copy(text: str) -> str:
     return _SIBLING.sub(r"\1_\2_c\3", text)
 
 
+FAILURE = SIM / "_compile_failure.txt"   # read back by llm_lb_gym/sim/_compiled.py (BUILD_FAILURE_FILE)
+
+
 def _warn(msg: str) -> None:
+    """Say why the engine is not compiled, and record it: pip hides a build's output unless
+    run with -v, so the runtime warning at import reads the cause from FAILURE."""
     print(f"llm_lb_gym setup: {msg}; the pure-Python engine will be used", file=sys.stderr)
+    try:
+        FAILURE.write_text(msg[:2000] + "\n")
+    except OSError:
+        pass
 
 
 def _extensions() -> list:
+    FAILURE.unlink(missing_ok=True)   # a stale record of an earlier failed build
     if os.environ.get("LLM_LB_GYM_PURE_PYTHON", "") not in ("", "0"):
         return []
     try:

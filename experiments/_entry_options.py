@@ -67,9 +67,11 @@ def check_policy_options(name: str, value) -> None:
 
 def check_agents(value) -> dict:
     """``{name: {kind, path, env?, any_instances?}}`` with a known kind."""
+    agents = _mapping("agents", value)
+    if not agents:   # heuristics only: no agent registry (it needs the rl extra's torch)
+        return agents
     from llm_lb_gym.agents.registry import AGENTS
 
-    agents = _mapping("agents", value)
     for name, spec in agents.items():
         if not isinstance(spec, dict):
             raise ConfigError(f"agents.{name}={spec!r} must be a mapping with kind and path")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from llm_lb_gym.extras import require
 
 # before the imports below: name the extra, not a missing module
-require("rl", "llm-lb-gym evaluate")
+require("eval", "llm-lb-gym evaluate")   # heuristics only; an agent in the config requires 'rl' (_load_agent)
 
 import csv
 import time
@@ -52,12 +52,15 @@ def evaluate(cfg, out: Path | None = None, leave_bars: bool = True) -> dict:
     subfolder so the evaluation's record does not overwrite the training run's, and
     ``leave_bars=False`` so the bar of an inner evaluation is cleared when it ends."""
     import gymnasium as gym
-    import torch
 
     import llm_lb_gym  # noqa: F401
     from llm_lb_gym.rollout import make_env_router, rollout_agent, rollout_router
 
-    torch.set_num_threads(1)
+    if to_container(cfg.get("agents")):   # trained agents: torch (heuristics alone need none)
+        require("rl", "llm-lb-gym evaluate with agents")
+        import torch
+
+        torch.set_num_threads(1)
     check_evaluate_options(cfg)   # before any output is written or episode run
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)

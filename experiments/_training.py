@@ -40,10 +40,8 @@ from llm_lb_gym.extras import require
 # before the imports below: name the extra, not a missing module
 require("rl", "llm-lb-gym train")
 
-import functools
 import inspect
 import json
-import operator
 import time
 from pathlib import Path
 from typing import Any
@@ -126,8 +124,10 @@ def make_env(kw: dict, reward_scale: float = 1.0, teacher: str | None = None,
         from llm_lb_gym.agents.teacher_kl_ppo import TeacherAction
 
         env = TeacherAction(env, teacher, teacher_options)
-    if reward_scale != 1.0:
-        env = gym.wrappers.TransformReward(env, functools.partial(operator.mul, float(reward_scale)))
+    if reward_scale != 1.0:   # the framework wrapper's scaling; the agents discount per transition themselves
+        from llm_lb_gym.envs.wrappers import RouterRL
+
+        env = RouterRL(env, reward_scale=float(reward_scale), discount="none")
     return env
 
 
@@ -138,28 +138,9 @@ def measure_round_robin(kw: dict, seed: int) -> dict[str, float]:
     A learned router that defers takes more steps per episode; this is the floor (one step per
     request plus the intervals requests wait), which is what the paper's episode count means.
     """
-    from llm_lb_gym.rollout import make_env_router, router_choice, start_episode, take_choice, watchdog
+    from llm_lb_gym.envs.wrappers import round_robin_returns
 
-    env = make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}).unwrapped
-    router = make_env_router("round_robin", env)
-    start_episode(env, router, seed)
-    check = watchdog(env, "round robin (the schedule's reference episode)", seed).check
-    rewards, discounts = [], []
-    while True:
-        _, r, term, trunc, info = take_choice(env, router_choice(env, router))
-        rewards.append(r)
-        discounts.append(info["discount"])
-        if term or trunc:
-            break
-        check()
-    # Discounted return-to-go at every step (the quantity the learner's values estimate).
-    returns = np.empty(len(rewards))
-    g = 0.0
-    for t in range(len(rewards) - 1, -1, -1):
-        g = rewards[t] + (discounts[t] * g if t < len(rewards) - 1 else 0.0)
-        returns[t] = g
-    return {"steps": len(rewards), "return_mean": float(returns.mean()),
-            "return_std": float(returns.std()), "makespan_s": float(env.cluster.t)}
+    return round_robin_returns(make_env({**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}}), seed)
 
 
 def step_limit(kw: dict, rr: dict[str, float]) -> int:
@@ -175,7 +156,9 @@ def step_limit(kw: dict, rr: dict[str, float]) -> int:
 def auto_reward_scale(rr: dict[str, float]) -> float:
     """1 / the standard deviation of round robin's discounted return-to-go, over the steps of
     one episode: the learner's values vary by O(1) across states in every regime."""
-    return 1.0 / max(rr["return_std"], 1e-12)
+    from llm_lb_gym.envs.wrappers import reward_scale_of
+
+    return reward_scale_of(rr)
 
 
 def init_value_offset(agent, offset: float) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from llm_lb_gym.extras import require
 
 # before the imports below: name the extra, not a missing module
-require("rl", "llm-lb-gym evaluate")
+require("eval", "llm-lb-gym evaluate")   # heuristics need Hydra, not torch; trained agents need 'rl' (_evaluation)
 
 from llm_lb_gym.experiments._evaluation import evaluate, paired_change, policy_options, summarize  # noqa: F401  (re-exported)
 from llm_lb_gym.experiments._hydra import hydra_main

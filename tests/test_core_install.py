@@ -2,7 +2,7 @@
 
 A fresh process gets a ``sys.meta_path`` finder that refuses every module an extra provides
 (torch, transformers, Hydra, Stable-Baselines3, scikit-learn, matplotlib, ...), so it sees what a
-``pip install llm_lb_gym`` user sees. There ``import llm_lb_gym``, ``gym.make`` and every
+env-only install (``pip install .``) sees. There ``import llm_lb_gym``, ``gym.make`` and every
 heuristic router must run; code that needs an extra must name the extra. ``.ci/run`` also
 installs the package with its core dependencies alone into a fresh venv and steps the env.
 """
@@ -92,22 +92,53 @@ def test_code_that_needs_an_extra_names_it():
                 print(stmt, "->", exc)
             else:
                 raise SystemExit(f"{stmt} did not fail")
-        env = gym.make("LLMCluster-v0", render_mode="rgb_array", num_instances=2, num_requests=5)
-        env.reset(seed=0)
-        try:
-            env.render()
-        except MissingExtraError as exc:
-            print("render ->", exc)
         from llm_lb_gym.experiments.cli import main
         sys.exit(main(["train", "experiment=debug"]))
     """)
     assert out.returncode == 1, out.stderr[-3000:]
     lines = out.stdout.splitlines()
-    assert len(lines) == 4 and all("pip install" in line for line in lines)
+    assert len(lines) == 3 and all("pip install" in line for line in lines)
     assert "import llm_lb_gym.agents -> llm_lb_gym.agents needs" in lines[0] and "'rl'" in lines[0]
     assert "llm-lb-gym train needs" in lines[1] and "missing: torch" in lines[1]
-    assert "'plot'" in lines[3] and "matplotlib" in lines[3]
+    assert "llm-lb-gym evaluate needs" in lines[2] and "'eval'" in lines[2]   # the light extra, not 'rl'
     # the command line: one clear line, no traceback
     assert out.stderr.startswith("llm-lb-gym train: llm-lb-gym train needs the optional "
                                  "dependencies of the extra 'rl'")
     assert "Traceback" not in out.stderr
+
+
+def test_every_advertised_render_mode_and_check_env_work_on_the_core_install():
+    """Without matplotlib ``rgb_array`` draws with numpy; Gymnasium's checker passes, warnings as errors."""
+    out = _run_blocked("""
+        import warnings
+        import gymnasium as gym, llm_lb_gym
+        from gymnasium.utils.env_checker import check_env
+        for mode in gym.make("LLMCluster-v0").unwrapped.metadata["render_modes"]:
+            env = gym.make("LLMCluster-NearCapacity-v0", render_mode=mode, num_requests=20)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                check_env(env.unwrapped)
+            env.reset(seed=0)
+            frame = env.render()
+            print(mode, getattr(frame, "shape", type(frame).__name__))
+        print("heavy", sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED))
+    """)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rgb_array (360, 640, 3)" in out.stdout and "heavy []" in out.stdout, out.stdout
+
+
+def test_heuristic_evaluation_runs_without_torch_or_sb3(tmp_path):
+    """``llm-lb-gym evaluate`` of heuristics needs only the light 'eval' extra (Hydra, plots)."""
+    heavy = ["torch", "stable_baselines3", "sb3_contrib", "tensorboard", "transformers", "sklearn"]
+    code = BLOCKER.replace(f"BLOCKED = {BLOCKED!r}", f"BLOCKED = {heavy!r}") + textwrap.dedent(f"""
+        from llm_lb_gym.experiments.cli import main
+        rc = main(["evaluate", "experiment=debug", "episodes=1", "policies=[round_robin,jsq]",
+                   "plot=false", "progress=false", "hydra.run.dir={tmp_path}"])
+        print("heavy", sorted(n for n in sys.modules if n.split(".")[0] in BLOCKED))
+        sys.exit(rc)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "heavy []" in out.stdout and "| jsq |" in out.stdout + out.stderr

@@ -28,13 +28,15 @@ def test_near_capacity_id_and_keyword_build_the_same_env():
     assert by_id.cfg == by_kw.cfg and by_id.preset == "near_capacity"
     assert by_id.cfg.arrival_rate_rps == 52.0 and by_id.cfg.num_requests == SMALL
     assert by_id.cfg.predictor == dict(PREDICTOR)   # deployable, not the oracle
+    assert by_id.cfg.reward.penalty == "latency" and by_id.cfg.reward.mode == "baseline"   # REWARD
     assert gym.make("LLMCluster-v0").unwrapped.cfg.arrival_rate_rps == 20.0
 
 
 def test_keywords_override_the_preset_key_by_key():
     kw = apply_preset("overload", {"engine": {"scheduler": "bin_packing"}, "reward": {"mode": "baseline"}})
     assert kw["engine"] == {"preset": "llama2-7b-v100-16gb", "max_model_len": 1024, "scheduler": "bin_packing"}
-    assert kw["reward"] == {"horizon_s": 120.0, "mode": "baseline"}
+    assert kw["reward"] == {"mode": "baseline", "penalty": "latency", "completion_reward": 0.0, "horizon_s": 120.0}
+    assert apply_preset("near_capacity", {"reward": {"mode": "workload_guided"}})["reward"]["mode"] == "workload_guided"
     # a workload or predictor of another name brings its own options; the same name merges
     assert apply_preset("trace", {"workload": "task_mix"})["workload"] == "task_mix"
     assert apply_preset("trace", {"workload": {"rate_scale": 5.0}})["workload"] == {

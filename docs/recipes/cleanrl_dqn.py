@@ -1,24 +1,35 @@
-"""A CleanRL-style single-file DQN on LLMCluster-v0: the loop written out, masks used in argmax.
+"""A CleanRL-style single-file DQN near capacity: the loop written out, masks used in the argmax.
 
     pip install -e ".[rl]"                   # torch (nothing of SB3 is used here)
-    python docs/recipes/cleanrl_dqn.py       # about 1 minute on 2 cores
+    python docs/recipes/cleanrl_dqn.py       # 50k steps, a few minutes on 2 cores
+    python docs/recipes/cleanrl_dqn.py --quick   # a few hundred steps on 200-request episodes
 
-Follows CleanRL's dqn.py (one file, every RNG seeded, a Q-network, a replay buffer, a target
-network, epsilon-greedy) with two changes for this env: the greedy action and the bootstrap
-max are taken over ``info["action_mask"]`` only, and episodes end by ``terminated`` (every
-request finished or rejected). Exploration samples valid actions; dropping the mask would
-still be safe (``action.masked=fallback``), only slower to learn.
+One file you can copy: it needs only torch and this package. It follows CleanRL's dqn.py (every
+RNG seeded, a Q-network, a replay buffer, a target network, epsilon-greedy) with what this env
+needs: ``RouterRL`` (``llm_lb_gym.envs.wrappers``) scales the reward to O(1) and folds the
+env's per-transition discount into episode ends, so gamma is 1.0 and the agent optimises the
+env's documented discounted return (minus the requests' E2E latency over a 30 s horizon); the
+greedy action and the bootstrap max are taken over ``info["action_mask"]`` (int8: ``.bool()``
+before ``~``). Prints the greedy policy's mean E2E against round robin's on the same seed.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
-from _common import make_env, parse, report
+import llm_lb_gym  # noqa: F401  (registers the ids)
+from llm_lb_gym.envs.router_factory import make_env_router
+from llm_lb_gym.envs.wrappers import RouterRL
+from llm_lb_gym.rollout import rollout_router
+
+ENV_ID = "LLMCluster-NearCapacity-v0"   # 4 x V100 at 52 req/s: the regime where routing matters
+QUICK = {"num_requests": 200}           # --quick: short episodes
 
 
 class QNetwork(nn.Module):
@@ -32,49 +43,64 @@ class QNetwork(nn.Module):
 
 
 def masked_argmax(q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return q.masked_fill(~mask, -torch.inf).argmax(dim=-1)
+    return q.masked_fill(~mask.bool(), -torch.inf).argmax(dim=-1)
+
+
+def greedy_episode(q: QNetwork, env: gym.Env, seed: int) -> dict:
+    obs, info = env.reset(seed=seed)
+    while True:
+        with torch.no_grad():
+            a = int(masked_argmax(q(torch.as_tensor(obs)[None]), torch.as_tensor(info["action_mask"])[None]))
+        obs, _, terminated, truncated, info = env.step(a)
+        if terminated or truncated:
+            return info["metrics"]
 
 
 def main() -> None:
-    args = parse(__doc__.splitlines()[0], steps=10_000)
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=50_000)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="400 steps on 200-request episodes (the tests)")
+    args = p.parse_args()
+    kw = QUICK if args.quick else {}
+    steps = min(args.steps, 400) if args.quick else args.steps
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    env = make_env()
+    env = RouterRL(gym.make(ENV_ID, **kw))   # reward x 1/round robin's return spread; survival discount
     obs_dim, n = env.observation_space.shape[0], int(env.action_space.n)
     q, target = QNetwork(obs_dim, n), QNetwork(obs_dim, n)
     target.load_state_dict(q.state_dict())
-    opt = torch.optim.Adam(q.parameters(), lr=2.5e-4)
-    size = min(args.steps, 50_000)
+    opt = torch.optim.Adam(q.parameters(), lr=1e-4)
+    size = min(steps, 100_000)
     buf_obs = np.zeros((size, obs_dim), np.float32)
     buf_next = np.zeros((size, obs_dim), np.float32)
     buf_next_mask = np.zeros((size, n), bool)
     buf_act = np.zeros(size, np.int64)
     buf_rew = np.zeros(size, np.float32)
     buf_done = np.zeros(size, np.float32)
-    gamma, batch, learning_starts = 0.99, 64, min(1_000, args.steps // 4)
+    gamma, batch, learning_starts = 1.0, 128, min(5_000, steps // 4)   # gamma 1: RouterRL discounts
     rng = np.random.default_rng(args.seed)
     obs, info = env.reset(seed=args.seed)
-    episodes = 0
-    for step in range(args.steps):
-        eps = max(0.05, 1.0 - step / (0.5 * args.steps))
+    ends = 0
+    for step in range(steps):
+        eps = max(0.02, 1.0 - step / (0.1 * steps))
         mask = info["action_mask"]
         if rng.random() < eps:
             action = int(rng.choice(np.flatnonzero(mask)))
         else:
             with torch.no_grad():
-                action = int(masked_argmax(q(torch.as_tensor(obs)[None]),
-                                           torch.as_tensor(mask)[None]))
+                action = int(masked_argmax(q(torch.as_tensor(obs)[None]), torch.as_tensor(mask)[None]))
         nxt, reward, terminated, truncated, info = env.step(action)
         i = step % size
         buf_obs[i], buf_next[i], buf_act[i] = obs, nxt, action
-        buf_rew[i], buf_done[i], buf_next_mask[i] = reward / 100.0, terminated, info["action_mask"]
+        buf_rew[i], buf_done[i], buf_next_mask[i] = reward, terminated, info["action_mask"]
         obs = nxt
-        if terminated or truncated:
-            episodes += 1
+        if terminated or truncated:   # a real end or RouterRL's survival end: reset continues it
+            ends += 1
             obs, info = env.reset()
-        if step >= learning_starts:
+        if step >= learning_starts and step % 4 == 0:
             idx = rng.integers(min(step + 1, size), size=batch)
             with torch.no_grad():
                 nq = target(torch.as_tensor(buf_next[idx]))
@@ -85,18 +111,15 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            if step % 500 == 0:
-                target.load_state_dict(q.state_dict())
-    print(f"trained {args.steps} steps, {episodes} episodes")
-    env = make_env()
-    obs, info = env.reset(seed=100)
-    while True:
-        with torch.no_grad():
-            a = int(masked_argmax(q(torch.as_tensor(obs)[None]), torch.as_tensor(info["action_mask"])[None]))
-        obs, _, terminated, truncated, info = env.step(a)
-        if terminated or truncated:
-            break
-    report("CleanRL-style DQN", info["metrics"], 100)
+        if step % 2_000 == 0:
+            target.load_state_dict(q.state_dict())
+    print(f"trained {steps} steps, {ends} episode ends (real or survival)")
+    seed = 1000
+    m = greedy_episode(q, gym.make(ENV_ID, **kw), seed)
+    rr_env = gym.make(ENV_ID, **kw).unwrapped
+    rr = rollout_router(rr_env, make_env_router("round_robin", rr_env), seed).metrics
+    print(f"CleanRL-style DQN: {m['completed'] + m['rejected']}/{m['num_requests']} requests accounted "
+          f"for, mean E2E {m['mean_e2e_s']:.3f} s (round robin {rr['mean_e2e_s']:.3f} s, seed {seed})")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from gymnasium import spaces
 from .._validate import check_choice, reject_unexpected_keywords
 from ..routers.drive import decide
 from ..routers.scored_binding import order_key
+from ..sim._compiled import engine_class
 from ..sim.clock import DEFAULT_DECISION_INTERVAL_S, next_decision_index, skip_to_decision
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
@@ -35,6 +36,14 @@ from .reward import guidance_term, guidance_weight
 from .router_factory import make_env_router
 
 
+engine_class()   # choose the engine now: a failed compile warns when the env is imported, not mid-run
+
+MASK_DTYPE = np.int8
+"""dtype of ``info["action_mask"]`` and ``action_masks()``: Gymnasium's ``Discrete.sample(mask=...)``
+takes int8 (a bool mask is an error there); numpy's ``where``/``flatnonzero`` and SB3-contrib's
+masking read it as booleans. Package 0.6 and before gave bool."""
+
+
 class LLMClusterEnv(gym.Env):
     """Route LLM requests to ``m`` vLLM-style instances, identical or mixed (``instances``).
 
@@ -52,7 +61,8 @@ class LLMClusterEnv(gym.Env):
     ## Action Space
     ``Discrete(m + 1)``: ``a < m`` routes the head request to instance ``a``; ``a = m`` defers
     (waits one interval). Routing with an empty queue is a no-op (masked out in
-    ``info["action_mask"]`` and ``action_masks()``).
+    ``info["action_mask"]`` and ``action_masks()``, int8 arrays of 0/1 that
+    ``action_space.sample(mask=...)`` takes as they are).
 
     Masked actions (``action.masked``): an agent that ignores the mask, as most DQN code does,
     cannot stall an episode. By default (``fallback``) ``step`` hands a masked action (a defer
@@ -148,7 +158,7 @@ class LLMClusterEnv(gym.Env):
       ``late_binding``'s class defaults became the default setting's tuned options.
     - v0 (package 0.7): ``preset=`` and the ids ``LLMCluster-NearCapacity-v0``,
       ``LLMCluster-Overload-v0``, ``LLMCluster-Trace-v0`` (named regimes with a deployable noisy
-      predictor); ``LLMCluster-v0`` itself is unchanged.
+      predictor); ``LLMCluster-v0``'s dynamics are unchanged. The action mask is int8 (was bool).
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
@@ -243,6 +253,9 @@ class LLMClusterEnv(gym.Env):
         requests wait on an idle cluster (``action.mask_idle_defer``) or, under
         ``action.masked=fallback``, the episode's defers have used ``action.defer_budget``.
 
+        ``int8`` 0/1 (``MASK_DTYPE``), what ``action_space.sample(mask=...)`` takes; torch code
+        that masks with ``~`` needs ``.bool()`` first (``~`` of an int8 is a bitwise not).
+
         A fresh array, as in ``info["action_mask"]`` (callers keep them): a copy of the mask
         worked out when the observation was made (it changes only then, at a reset or a step's
         end), which is cheaper than building one."""
@@ -253,8 +266,8 @@ class LLMClusterEnv(gym.Env):
         kept read-only (handed out as copies), as building one per step cost more than copying."""
         mask = self._masks.get(2 * n + defer_ok)
         if mask is None:
-            mask = np.zeros(self.defer_action + 1, dtype=bool)
-            mask[:n * self.m] = True
+            mask = np.zeros(self.defer_action + 1, dtype=MASK_DTYPE)
+            mask[:n * self.m] = 1
             mask[-1] = defer_ok
             mask.setflags(write=False)
             self._masks[2 * n + defer_ok] = mask

@@ -2,7 +2,9 @@
 
 ``snapshot`` reads the simulator's state without changing it; ``to_ansi`` and ``to_rgb_array``
 draw the same snapshot. matplotlib is imported only when an image is asked for (Agg canvas, no
-display, no pyplot state), so ``import llm_lb_gym`` and ``gym.make`` stay fast.
+display, no pyplot state), so ``import llm_lb_gym`` and ``gym.make`` stay fast; without it (the
+env-only install) ``rgb_array`` draws the same bars with numpy, without text, so every advertised
+mode works there and Gymnasium's ``check_env`` passes.
 """
 
 from __future__ import annotations
@@ -96,11 +98,45 @@ def to_ansi(v: ClusterView, bar_width: int = 20) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_rgb_array(v: ClusterView) -> np.ndarray:
-    """The same view drawn with matplotlib's Agg canvas: uint8 array of shape (H, W, 3)."""
-    from ..extras import require
+_COLORS = {"running": (44, 160, 44), "prefilling": (255, 127, 14), "waiting": (214, 39, 40),
+           "kv": (31, 119, 180), "axis": (120, 120, 120)}
 
-    require("plot", 'render_mode="rgb_array"')
+
+def _rgb_plain(v: ClusterView) -> np.ndarray:
+    """The view as bars drawn with numpy alone (no text): left, requests per instance stacked
+    running / prefilling / waiting (scaled to the fullest instance); right, KV cache used (0-1).
+    What ``rgb_array`` gives without matplotlib, so the mode works on the env-only install."""
+    w, h = RGB_SIZE_PX
+    img = np.full((h, w, 3), 255, np.uint8)
+    m = max(1, len(v.instances))
+    top, bottom = 20, h - 20
+    for panel in (0, 1):
+        x0, x1 = 20 + panel * (w // 2), (panel + 1) * (w // 2) - 20
+        img[bottom, x0:x1] = _COLORS["axis"]
+        slot = (x1 - x0) / m
+        for i, e in enumerate(v.instances):
+            a, b = int(x0 + i * slot + slot * 0.15), int(x0 + (i + 1) * slot - slot * 0.15)
+            if panel == 0:
+                most = max(1, max(x.running + x.prefilling + x.waiting for x in v.instances))
+                y = bottom
+                for name in ("running", "prefilling", "waiting"):
+                    height = round(getattr(e, name) / most * (bottom - top))
+                    img[y - height:y, a:b] = _COLORS[name]
+                    y -= height
+            else:
+                height = round(e.kv_used_blocks / max(1, e.kv_total_blocks) * (bottom - top))
+                img[bottom - height:bottom, a:b] = _COLORS["kv"]
+    return img
+
+
+def to_rgb_array(v: ClusterView) -> np.ndarray:
+    """The same view drawn with matplotlib's Agg canvas (titles, legend, labels): uint8 array of
+    shape (H, W, 3); without matplotlib (the env-only install) the same bars without text
+    (``_rgb_plain``)."""
+    from ..extras import missing
+
+    if missing(("matplotlib",)):
+        return _rgb_plain(v)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
