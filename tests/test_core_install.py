@@ -66,7 +66,7 @@ def test_env_and_every_heuristic_router_run_with_core_dependencies_only():
         obs, info = env.reset(seed=0)
         steps, done = 0, False
         while not done:
-            action = env.action_space.sample(mask=info["action_mask"].astype("int8"))
+            action = env.action_space.sample(mask=info["action_mask"])
             obs, reward, terminated, truncated, info = env.step(action)
             done, steps = terminated or truncated, steps + 1
         m = info["metrics"]

@@ -20,7 +20,7 @@ def _readme_loop(env):
     done = False
     steps = 0
     while not done:
-        action = env.action_space.sample(mask=info["action_mask"].astype("int8"))
+        action = env.action_space.sample(mask=info["action_mask"])
         obs, reward, terminated, truncated, info = env.step(action)
         done = terminated or truncated
         steps += 1
