@@ -162,7 +162,7 @@ def test_engine_with_frontend_matches_reference(seed, chunked, blocks, max_seqs,
     from llm_lb_gym.sim.frontend import FrontendModel
 
     max_len = 120
-    fe = FrontendModel(request_s=2e-3, prompt_token_s=1e-4, first_token_s=5e-4, output_token_s=2e-4)
+    fe = FrontendModel(delay_s=3e-3, request_s=2e-3, prompt_token_s=1e-4, first_token_s=5e-4, output_token_s=2e-4)
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,
                        max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
@@ -175,4 +175,4 @@ def test_engine_with_frontend_matches_reference(seed, chunked, blocks, max_seqs,
     for i in ok:   # the client sees each token after the engine made it
         assert table.seen_first_token_s[i] >= table.first_token_s[i]
         assert table.seen_finish_s[i] >= max(table.finish_s[i], table.seen_first_token_s[i])
-        assert table.first_scheduled_s[i] >= arr[i] + fe.input_s(int(p[i])) - 1e-12
+        assert table.first_scheduled_s[i] >= arr[i] + fe.delay_s + fe.input_s(int(p[i])) - 1e-12

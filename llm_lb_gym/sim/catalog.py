@@ -22,7 +22,7 @@ from .architecture import ARCHITECTURES, ModelArchitecture, from_hf_config
 from .gpus import GPUS, GPUDatasheet, resolve_gpu
 from .latency import (DEFAULT_MAX_MODEL_LEN, DEFAULT_MAX_NUM_SEQS, PRESETS,  # noqa: F401 (re-exported)
                       HardwarePreset, register_preset)
-from .roofline import derive_fields, to_latency_model
+from .roofline import derive_fields, serving_fields, to_latency_model
 
 TENSOR_PARALLEL = (1, 2, 4, 8)
 
@@ -49,10 +49,21 @@ def preset_name(model: str, gpu: str, tp: int) -> str:
     return f"{model}/{gpu}/tp{tp}"
 
 
+LATENCY_FITS = ("kernels", "serving")
+"""``engine.latency_fit``: the roofline's factors as fitted to Vidur's kernel profiles (every
+preset before issue 33), or those fitted per GPU to real serving runs (``roofline.SERVING_SCALES``)."""
+_SERVING_SOURCE = ("roofline from the architecture and the GPU datasheet (llm_lb_gym/sim/roofline.py) with the "
+                   "per-GPU serving factors fitted to real end-to-end vLLM runs (llm_lb_gym/calibration/serving.py, "
+                   "corpus.json); KV cache as vLLM's memory profile computes it; docs/calibration.md")
+
+
 def build_preset(arch: ModelArchitecture, gpu: GPUDatasheet, tp: int, name: str | None = None,
-                 source: str = _ROOFLINE_SOURCE) -> ArchitecturePreset:
+                 source: str = _ROOFLINE_SOURCE, fit: str = "kernels") -> ArchitecturePreset:
     """The roofline preset of ``arch`` on ``tp`` GPUs of kind ``gpu`` (no memory check)."""
-    fields = derive_fields(arch, gpu, tp)
+    if fit == "serving":
+        fields, source = serving_fields(arch, gpu, tp), _SERVING_SOURCE
+    else:
+        fields = derive_fields(arch, gpu, tp)
     return ArchitecturePreset(
         name=name or preset_name(arch.name, gpu.name, tp), model=arch.name, gpu=gpu.name,
         latency=to_latency_model(fields), source=source, architecture=arch, datasheet=gpu,
@@ -103,7 +114,8 @@ def register_catalog() -> None:
 
 
 @lru_cache(maxsize=32)
-def custom_preset(model_config: str, gpu: str | GPUDatasheet, tensor_parallel: int = 1) -> ArchitecturePreset:
+def custom_preset(model_config: str, gpu: str | GPUDatasheet, tensor_parallel: int = 1,
+                  fit: str = "kernels") -> ArchitecturePreset:
     """A roofline preset for a built-in architecture name (``architecture.ARCHITECTURES``) or any
     Hugging Face ``config.json`` (a path or its folder), on a built-in GPU (by name) or a
     declared one (``gpus.declare_gpu``).
@@ -112,5 +124,5 @@ def custom_preset(model_config: str, gpu: str | GPUDatasheet, tensor_parallel: i
     """
     arch = ARCHITECTURES[model_config] if model_config in ARCHITECTURES else from_hf_config(model_config)
     sheet = resolve_gpu(gpu)
-    return build_preset(arch, sheet, tensor_parallel,
-                        name=f"{model_config}/{sheet.name}/tp{tensor_parallel}")
+    return build_preset(arch, sheet, tensor_parallel, name=f"{model_config}/{sheet.name}/tp{tensor_parallel}",
+                        fit=fit)

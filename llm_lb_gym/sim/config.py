@@ -18,7 +18,7 @@ from typing import Any
 from .._validate import ConfigError, check_bool, check_choice, check_int, check_range, reject_unknown
 from ..limits import MAX_CONTEXT_TOKENS, MAX_INSTANCES, MAX_TOKENS
 from .batching import SCHEDULERS
-from .catalog import custom_preset
+from .catalog import LATENCY_FITS, custom_preset
 from .frontend import FrontendModel, resolve_frontend
 from .gpus import GPUS, GPUDatasheet, resolve_gpu
 from .latency import HardwarePreset, LatencyModel, get_preset
@@ -71,6 +71,10 @@ class EngineConfig:
     """Automatic prefix caching (vLLM's option of the same name): KV blocks of prompt prefixes
     computed before are reused by later requests carrying the same block hashes
     (docs/prefix_caching.md). Off: the engine never looks at hashes."""
+    latency_fit: str = "kernels"
+    """Latency coefficients of a ``model_config`` preset: ``kernels`` (the roofline's factors
+    fitted to Vidur's kernel profiles, as before the option) or ``serving`` (per-GPU factors
+    fitted to real end-to-end vLLM runs, ``roofline.SERVING_SCALES``; docs/calibration.md)."""
     frontend: str | FrontendModel | None = None
     """The API server's per-request CPU work ahead of the engine (``sim/frontend.py``): a
     registered name (``sim.frontend.FRONTENDS``), a mapping of ``FrontendModel`` fields, or None
@@ -85,6 +89,10 @@ class EngineConfig:
                               + ", or a mapping of datasheet fields (docs/hardware.md)")
         if self.gpu is not None and not isinstance(self.gpu, str):
             object.__setattr__(self, "gpu", resolve_gpu(self.gpu, "engine.gpu"))
+        check_choice("engine.latency_fit", self.latency_fit, LATENCY_FITS)
+        if self.latency_fit != "kernels" and self.model_config is None:
+            raise ConfigError(f"engine.latency_fit={self.latency_fit!r} applies to engine.model_config presets only "
+                              f"(named presets carry their own fit); allowed here: kernels")
         self.hardware  # validates the preset name (or the custom model on its GPU)
         check_int("engine.block_size", self.block_size, 1, MAX_CONTEXT_TOKENS)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
@@ -125,7 +133,7 @@ class EngineConfig:
     @property
     def hardware(self) -> HardwarePreset:
         if self.model_config is not None:
-            return custom_preset(str(self.model_config), self.gpu, self.tensor_parallel)
+            return custom_preset(str(self.model_config), self.gpu, self.tensor_parallel, self.latency_fit)
         return get_preset(self.preset)
 
     @property

@@ -209,7 +209,7 @@ class Engine:
         then into the waiting queue (in the order it finished them)."""
         fe = self.fe
         fe.advance(self.t)
-        ready = fe.take_ready()
+        ready = fe.take_ready(self.t)
         if ready:
             self.sched.waiting_q.extend(ready)
             self.fe_count -= len(ready)

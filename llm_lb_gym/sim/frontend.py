@@ -13,16 +13,21 @@ The model (``engine.frontend``; off by default, so every existing preset compute
 it did before): one processor-sharing CPU server per instance. Its jobs share the CPU equally
 (an event loop interleaving coroutines), and there are three per request:
 
-- **input**, at routing: ``request_s + prompt_token_s x prompt tokens`` (parsing, template,
+- **input**, ``delay_s`` after routing (a latency that takes no CPU: the network and IPC hops):
+  ``request_s + prompt_token_s x prompt tokens`` (parsing, template,
   validation, hand-off; tokenization proportional to the prompt). The request joins the
   engine's waiting queue when this completes; until then it counts as waiting (the router's
   view, observations and the penalty see it) but cannot be scheduled;
 - **first chunk**, when the engine emits the first token: ``first_token_s`` (response headers
   and the first chunk). Its completion is the first token the client sees;
-- **rest**, when the engine finishes the request: ``output_token_s x (tokens - 1)`` (the
-  remaining tokens' detokenization and chunks, booked as one job at the end: per-token jobs
-  would cost an event per token; with a server that keeps up this delays the last token by
-  the job's own length, a few ms). Its completion is the client's end of the response.
+- **rest**, also from the first token: ``output_token_s x (tokens - 1)`` (the further tokens'
+  detokenization and chunks). The client has the whole response when both this job and the
+  engine are done. Why one job from the first token and not a job per token: a job per token
+  would cost an event per token; booked at the engine's finish instead, it delayed a lone
+  request's end by its whole length (221 tokens x 1 ms on an idle server, measured TPOT +30%
+  instead of +17% on the GPUStack Qwen3-8B case), while a real server detokenizes as tokens
+  stream. From the first token it takes its CPU share while the request decodes, and an idle
+  server finishes it before the engine does.
 
 Client-side times go to ``RequestTable.seen_first_token_s`` / ``seen_finish_s``; the metrics
 use them for TTFT, E2E and TBT (``metrics.request_latencies``). The engine's own first-token
@@ -56,6 +61,9 @@ class FrontendModel:
     """CPU seconds of the API server's work per request, per prompt token and per output token
     (all >= 0; one CPU shared by the server's jobs, ``frontend.py``)."""
 
+    delay_s: float = 0.0
+    """Per request before its input job, taking no CPU: the network and IPC hops, waiting for
+    the engine's loop (a lone request's TTFT carries it; the throughput of a flood does not)."""
     request_s: float = 0.0
     """Per request at arrival: HTTP parsing, validation, chat template, hand-off to the engine."""
     prompt_token_s: float = 0.0
@@ -116,8 +124,10 @@ class Frontend:
         self.pending: list = []   # (time, seq, kind, rid), reported but not yet applied
         self.seq = 0
         self.n_input = 0      # input jobs pending or in service
-        self.ready: list[int] = []   # requests whose input completed, not yet taken by the engine
+        self.ready: list[tuple[float, int]] = []   # (input completed at, request), not yet taken
         self.cancelled: set[int] = set()
+        self.rest_done: dict[int, float] = {}    # rest jobs done before the engine's last token
+        self.engine_end: dict[int, float] = {}   # engine's last token before the rest job is done
         self.busy_s = 0.0     # seconds with at least one job in service (utilisation)
         table.frontends.append(self)
         table.client_columns()
@@ -130,13 +140,24 @@ class Frontend:
     def arrive(self, rid: int, now: float) -> None:
         assert now >= self.t, f"frontend: a request routed at {now} behind the server's clock {self.t}"
         self.n_input += 1
-        self._report(now, _INPUT, rid)
+        self._report(now + self.model.delay_s, _INPUT, rid)
 
     def first_token(self, rid: int, time: float) -> None:
         self._report(time, _FIRST, rid)
+        self._report(time, _REST, rid)
 
     def finished(self, rid: int, time: float) -> None:
-        self._report(time, _REST, rid)
+        """The engine produced the last token at ``time``."""
+        done = self.rest_done.pop(rid, None)
+        if done is None:
+            self.engine_end[rid] = time
+        else:
+            self._seen_end(rid, max(done, time))
+
+    def _seen_end(self, rid: int, t: float) -> None:
+        tb = self.table
+        first = tb.seen_first_token_s[rid]
+        tb.seen_finish_s[rid] = first if first > t else t   # NaN first: its chunk moves this up
 
     def cancel(self, rid: int) -> None:
         """An aborted request still in its input job: the work is spent, nothing is handed on."""
@@ -151,8 +172,11 @@ class Frontend:
         return tc if tc < tp else tp
 
     def next_release_s(self) -> float:
-        """A lower bound of the next input completion: the next event while an input job is in
-        the frontend (INF when none: then nothing can reach the engine until a new route)."""
+        """A lower bound of the next input completion: a completed one not yet taken, else the
+        next event while an input job is in the frontend (INF when none: then nothing can reach
+        the engine until a new route)."""
+        if self.ready:
+            return self.ready[0][0]
         return self.next_event_s() if self.n_input else INF
 
     def advance(self, X: float) -> None:
@@ -187,26 +211,42 @@ class Frontend:
                     if rid in self.cancelled:
                         self.cancelled.discard(rid)
                     else:
-                        self.ready.append(rid)
+                        self.ready.append((tc, rid))
                 elif kind == _FIRST:
                     tb.seen_first_token_s[rid] = tc
                     if tb.seen_finish_s[rid] < tc:   # the rest's (smaller) job ended first
                         tb.seen_finish_s[rid] = tc
                 else:
-                    # The response ends after its first chunk and after the rest of its work
-                    # (NaN: the first chunk is still in service and will move this up).
-                    first = tb.seen_first_token_s[rid]
-                    tb.seen_finish_s[rid] = first if first > tc else tc
+                    end = self.engine_end.pop(rid, None)
+                    if end is None:
+                        self.rest_done[rid] = tc
+                    else:
+                        self._seen_end(rid, end if end > tc else tc)
         if X > self.t and X != INF:
             if jobs:
                 self.V += (X - self.t) / len(jobs)
                 self.busy_s += X - self.t
             self.t = X
 
-    def take_ready(self) -> list[int]:
-        out, self.ready = self.ready, []
+    def take_ready(self, t: float) -> list[int]:
+        """The requests whose input work ended by ``t``, in the order it ended (the frontend
+        may have been advanced past ``t`` by a driver reading client-side times)."""
+        ready = self.ready
+        k = 0
+        while k < len(ready) and ready[k][0] <= t:
+            k += 1
+        out = [rid for _, rid in ready[:k]]
+        del ready[:k]
         return out
 
     def flush(self) -> None:
         """Run every job to completion (the episode's end: client-side times for the metrics)."""
         self.advance(INF)
+
+
+# Printed by `llm-lb-gym validate --fit` (calibration/serving.py): vLLM 0.11's OpenAI API server,
+# chat completions (GPUStack's runs: 1,000 requests of 128 / 4 tokens at once on an A100 and an H100,
+# Qwen3-8B at concurrency 1-8). Per-token tokenization is below what these runs resolve (fitted to
+# its 1e-9 s floor). docs/calibration.md.
+register_frontend("vllm-v1-api", FrontendModel(delay_s=0.02555, request_s=0.01126, prompt_token_s=1.051e-9,
+                                               first_token_s=0.004253, output_token_s=1.770e-5))

@@ -101,6 +101,7 @@ class _Seq:
         self.finish_s: float | None = None
         self.seen_first_token_s: float | None = None
         self.seen_finish_s: float | None = None
+        self.rest_done_s: float | None = None
         self.preemptions = 0
         self.hashes = req.prefix_hashes
         self.refs: list = []  # hash ids of the cached blocks it references (a prefix of hashes)
@@ -240,11 +241,10 @@ class _Instance:
             seq.first_token_s = end
             if self.frontend is not None:
                 self.frontend.report(end, "first", seq)
+                self.frontend.report(end, "rest", seq)
         if seq.o == seq.d:
             seq.state = "finished"
             seq.finish_s = end
-            if self.frontend is not None:
-                self.frontend.report(end, "rest", seq)
             self.release(seq)
             if seq in self.running:
                 self.running.remove(seq)
@@ -468,10 +468,15 @@ class _RefFrontend:
             self.ready.append(seq)
         elif kind == "first":
             seq.seen_first_token_s = t
-            if seq.seen_finish_s is not None and seq.seen_finish_s < t:
-                seq.seen_finish_s = t
-        else:
-            seq.seen_finish_s = t if seq.seen_first_token_s is None else max(t, seq.seen_first_token_s)
+        else:   # the rest of the response: the client has it once the engine is done too
+            seq.rest_done_s = t
+
+    def finish_times(self, seqs) -> None:
+        """Client-side ends (after the jobs ran out): the later of the engine's last token, the
+        rest job and the first chunk."""
+        for s in seqs:
+            if s.finish_s is not None and s.seen_first_token_s is not None:
+                s.seen_finish_s = max(s.finish_s, s.rest_done_s, s.seen_first_token_s)
 
 
 def _assert_admissible(req: RefRequest, cfg: EngineConfig) -> None:
@@ -506,7 +511,7 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
     fe = inst.frontend
     if fe is not None:   # every request goes through the frontend's input job first
         for s in seqs:
-            fe.report(s.req.route_s, "input", s)
+            fe.report(s.req.route_s + fe.model.delay_s, "input", s)
         joined = 0
     while any(s.state != "finished" for s in seqs):
         if fe is not None:
@@ -541,6 +546,7 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
             inst.check_invariants(seqs)
     if fe is not None:
         fe.advance(math.inf)
+        fe.finish_times(seqs)
     results = [RefResult(s.req.rid, s.first_scheduled_s, s.first_token_s, s.finish_s, s.preemptions,
                          s.seen_first_token_s, s.seen_finish_s)
                for s in seqs]

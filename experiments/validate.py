@@ -1,0 +1,107 @@
+"""Simulate every case of the corpus of real serving measurements; simulated vs measured, with errors.
+
+    llm-lb-gym validate                  # the shipped serving fit: every case, per source, per split
+    llm-lb-gym validate --before         # the same cases under the kernel-profile presets (issue 33's start)
+    llm-lb-gym validate --fit            # refit on the fitted part, then validate (a few minutes)
+    llm-lb-gym validate --split held_out --json out.json
+
+The corpus (``llm_lb_gym/calibration/corpus.json``, docs/calibration.md) holds published
+end-to-end results of vLLM servers with their setup; each case is replayed on one simulated
+instance configured as that server (``calibration/serving.py``: the model's config.json, the
+GPU, the engine generation's defaults, the case's flags; the API server's frontend). The table
+gives each figure measured, simulated and simulated / measured - 1; the summaries give median
+and max |error| over the headline figures (duration, mean TTFT, median TPOT; median ITL, TTFT
+and E2E where only those are published) per source and for the fitted and the held-out part,
+GPU-bound cases apart from the API-bound short-request ones (outputs of <= 8 tokens, where the
+server's per-request work, not the GPU, sets the pace).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+SHORT_OUTPUT_TOKENS = 8
+"""Cases with outputs this short are API-bound (the issue's 128-in / 4-out floods)."""
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="llm-lb-gym validate", description=__doc__.splitlines()[0])
+    ap.add_argument("--split", choices=("all", "fitted", "held_out"), default="all")
+    ap.add_argument("--before", action="store_true",
+                    help="the kernel-profile presets, no frontend (the simulator before issue 33)")
+    ap.add_argument("--fit", action="store_true", help="refit the serving factors on the fitted part first")
+    ap.add_argument("--json", default=None, help="write every case's figures and errors here")
+    return ap
+
+
+def kind(case) -> str:
+    return "api-bound" if case.workload.output_tokens <= SHORT_OUTPUT_TOKENS else "gpu-bound"
+
+
+def summary(results, headline_errors) -> tuple[float, float, int]:
+    errs = np.abs([v for r in results for v in headline_errors(r).values()])
+    if not len(errs):
+        return float("nan"), float("nan"), 0
+    return float(np.median(errs)), float(errs.max()), len(errs)
+
+
+def before_calibration():
+    """The simulator as it was: roofline factors of the kernel profiles, Vidur's CPU step, no
+    frontend (what issue 33 measured)."""
+    from llm_lb_gym.calibration.serving import ServingCalibration
+    from llm_lb_gym.sim import roofline
+
+    return ServingCalibration({}, roofline.cpu_overhead(1), None)
+
+
+def main(argv=None) -> dict:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from llm_lb_gym import __version__
+    from llm_lb_gym.calibration.corpus import corpus_digest, load_corpus
+    from llm_lb_gym.calibration.serving import ServingCalibration, evaluate, fit, headline_errors
+
+    corpus = load_corpus()
+    if args.fit:
+        print("fitting on the fitted part of the corpus:")
+        cal = fit(corpus)
+    else:
+        cal = before_calibration() if args.before else ServingCalibration.shipped()
+    cases = corpus.cases if args.split == "all" else corpus.split(args.split)
+    results = evaluate(cases, corpus, cal)
+    print(f"llm_lb_gym {__version__}; corpus sha256 {corpus_digest()[:16]}, {len(corpus.cases)} cases; "
+          f"{'kernel-profile presets, no frontend' if args.before else 'serving fit'}")
+    print(f"{'case':<46}{'split':<9}{'figure':<16}{'measured':>11}{'simulated':>11}{'error':>8}")
+    for r in results:
+        for k, v in r.case.measured.items():
+            if k in r.errors:
+                print(f"{r.case.id:<46}{r.case.split:<9}{k:<16}{v:>11.4g}{r.simulated[k]:>11.4g}{r.errors[k]:>+8.1%}")
+    print("\nmedian / max |error| of the headline figures (duration, mean TTFT, median TPOT or their stand-ins):")
+    groups: dict[tuple[str, str], list] = {}
+    for r in results:
+        groups.setdefault((r.case.split, r.case.source), []).append(r)
+    for (split, src), rs in sorted(groups.items()):
+        med, mx, n = summary(rs, headline_errors)
+        print(f"  {split:<9}{src:<40}{med:>7.1%} / {mx:>6.1%}  ({n} figures)")
+    report = {"version": __version__, "corpus_sha256": corpus_digest(), "before": args.before, "splits": {}}
+    for split in ("fitted", "held_out"):
+        for k in ("gpu-bound", "api-bound"):
+            rs = [r for r in results if r.case.split == split and kind(r.case) == k]
+            if rs:
+                med, mx, n = summary(rs, headline_errors)
+                report["splits"][f"{split}/{k}"] = {"median": med, "max": mx, "figures": n}
+                print(f"  {split + ', ' + k:<49}{med:>7.1%} / {mx:>6.1%}  ({n} figures)")
+    if args.json:
+        rows = [{"id": r.case.id, "split": r.case.split, "source": r.case.source, "measured": r.case.measured,
+                 "simulated": {k: r.simulated[k] for k in r.case.measured if k in r.simulated},
+                 "errors": r.errors} for r in results]
+        with open(args.json, "w") as f:
+            json.dump({**report, "cases": rows}, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()

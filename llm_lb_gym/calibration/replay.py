@@ -1,0 +1,153 @@
+"""Replay a corpus case (``corpus.py``) through the simulator and compute what the benchmark printed.
+
+The benchmark clients of the corpus (``vllm bench serve``) either send every request at once
+(``batch``: ``--request-rate inf``) or keep ``concurrency`` requests in flight (``closed``:
+``--max-concurrency``, the next request sent when a response ends). Both are driven here on
+one simulated instance, and the figures are computed as the client computes them: duration =
+last response's end - first send; TTFT = first token seen - send; TPOT = (end - first token) /
+(output tokens - 1) per request; E2E = end - send; with a frontend (``sim/frontend.py``) the
+times are those the client sees. Median ITL is compared with the simulated median TPOT (the
+simulator has no per-token timestamps; within a request its decode steps are equal between
+events, so the two medians differ only by the gaps that prefills insert).
+
+Closed loop: after each instance iteration (or frontend event), responses that ended by then
+release the next sends at that instant, so a send lags the response end it waits for by at most
+the float noise of the event times.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..sim.cluster import Cluster
+from ..sim.config import ClusterConfig, EngineConfig
+from ..sim.request import RequestTable, Status
+from ..sim.simulate import simulate
+from .corpus import Case
+
+
+@dataclass(frozen=True)
+class Replay:
+    """Simulated figures of one case (the keys of ``corpus.METRICS``) and run counters."""
+
+    figures: dict[str, float]
+    preemptions: int
+    rejected: int
+
+
+def _figures(table: RequestTable) -> dict[str, float]:
+    st = np.fromiter(table.status, np.int64, table.n)
+    fin = st == Status.FINISHED
+    arr = np.asarray(table.arrival_s)[fin]
+    first = np.asarray(table.first_token_s)[fin]
+    end = np.asarray(table.finish_s)[fin]
+    if table.frontends:
+        for fe in table.frontends:
+            fe.flush()
+        sf, se = np.asarray(table.seen_first_token_s)[fin], np.asarray(table.seen_finish_s)[fin]
+        first, end = np.where(np.isnan(sf), first, sf), np.where(np.isnan(se), end, se)
+    dec = np.asarray(table.decode)[fin]
+    multi = dec > 1
+    tpot = (end[multi] - first[multi]) / (dec[multi] - 1)
+    ttft, e2e = first - arr, end - arr
+    return {"duration_s": float(end.max() - arr.min()), "mean_ttft_ms": 1e3 * float(ttft.mean()),
+            "median_ttft_ms": 1e3 * float(np.median(ttft)),
+            "median_tpot_ms": 1e3 * float(np.median(tpot)) if len(tpot) else math.nan,
+            "median_itl_ms": 1e3 * float(np.median(tpot)) if len(tpot) else math.nan,
+            "median_e2e_ms": 1e3 * float(np.median(e2e))}
+
+
+def replay(case: Case, engine: EngineConfig) -> Replay:
+    """Run ``case``'s requests on one instance of ``engine``; the client's figures."""
+    w = case.workload
+    n = w.num_requests
+    p, d = lengths(w)
+    if w.kind == "batch":
+        table = RequestTable(np.zeros(n), p, d, d)
+        cluster = simulate(_Batch(table), ClusterConfig(num_instances=1, engine=engine), table=table)
+    else:
+        table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine)
+    return Replay(_figures(table), sum(table.preemptions), cluster.n_rejected)
+
+
+def lengths(w) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output tokens per request (``Workload.length_spread``)."""
+    n = w.num_requests
+    if not w.length_spread:
+        return np.full(n, w.prompt_tokens), np.full(n, w.output_tokens)
+    rng = np.random.default_rng(0)
+    out = []
+    for mean in (w.prompt_tokens, w.output_tokens):
+        x = rng.lognormal(0.0, w.length_spread, n)
+        out.append(np.maximum(1, np.round(mean * x / x.mean())).astype(np.int64))
+    return out[0], out[1]
+
+
+class _Batch:
+    """The columns ``simulate`` reads, for a table built here."""
+
+    def __init__(self, table: RequestTable):
+        self.arrival_s = np.asarray(table.arrival_s)
+        self.prompt_tokens = np.asarray(table.prompt)
+        self.decode_tokens = np.asarray(table.decode)
+        self.task_id = np.zeros(table.n, np.int64)
+        self.prefix_hashes = None
+        self.hash_block_tokens = 0
+
+
+def _ended(table: RequestTable, rid: int, T: float) -> bool:
+    """Whether the client has the whole response of ``rid`` by time ``T``."""
+    if table.status[rid] != Status.FINISHED:
+        return False
+    if table.frontends:
+        end = table.seen_finish_s[rid]
+        return end == end and end <= T
+    return table.finish_s[rid] <= T
+
+
+def _closed_loop(n: int, c: int, p, d, engine: EngineConfig):
+    """``c`` requests in flight; each response end sends the next request at that instant."""
+    inf = math.inf
+    arrival = [0.0] * min(c, n) + [inf] * max(n - c, 0)
+    table = RequestTable(arrival, p, d, d)
+    cluster = Cluster(ClusterConfig(num_instances=1, engine=engine), table)
+    eng = cluster.engines[0]
+    fe = eng.fe
+    sent = min(c, n)
+    inflight = list(range(sent))
+    T = 0.0
+    while True:
+        cluster.advance_to(T)
+        while cluster.queue:
+            cluster.route(0)
+        if fe is not None:
+            fe.advance(T)
+        still = []
+        for rid in inflight:
+            if _ended(table, rid, T):
+                if sent < n:
+                    table.arrival_s[sent] = T
+                    still.append(sent)
+                    sent += 1
+            else:
+                still.append(rid)
+        inflight = still
+        if not inflight:
+            break
+        if cluster.next_arrival_s <= T:
+            continue
+        # The next instant anything can end: the current iteration's end (or the start of one
+        # due now), or a frontend event.
+        runnable = eng.B or eng.prefilling or eng.num_waiting > eng.fe_count or (fe is not None and fe.ready)
+        nxt = eng.t if eng.t > T else (math.nextafter(T, inf) if runnable else inf)
+        if fe is not None:   # advanced to T above, so its next event is later
+            nxt = min(nxt, fe.next_event_s())
+        if nxt == inf:
+            raise RuntimeError("closed loop stalled: requests in flight but nothing scheduled")
+        T = nxt
+    for f in table.frontends:
+        f.flush()
+    return table, cluster
