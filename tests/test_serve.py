@@ -531,3 +531,15 @@ def test_simulated_backend_takes_a_fresh_engine_when_its_table_is_full():
             text = c.get("/metrics").text
     assert metric(text, "sim_backend_requests_total") == 40
     assert metric(text, "vllm:num_requests_running") == 0
+
+
+def test_llamacpp_ensure_reuses_a_build_stamped_with_its_version(tmp_path):
+    """CI's path (``.ci/run``): a cached build whose stamp names the version is used as it is."""
+    from llm_lb_gym.serve import llamacpp
+
+    binary = tmp_path / "bin" / "llama-server"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    (tmp_path / llamacpp.STAMP).write_text("0.3.36\n")
+    assert llamacpp.ensure("0.3.36", tmp_path) == str(binary)

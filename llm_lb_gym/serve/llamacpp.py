@@ -88,6 +88,37 @@ def build(source: str | os.PathLike, build_dir: str | os.PathLike | None = None,
     return str(path)
 
 
+STAMP = ".llama-cpp-python-version"
+"""File in the build directory naming the llama-cpp-python release it was built from."""
+
+
+def ensure(version: str, build_dir: str | os.PathLike | None = None, jobs: int = 2) -> str:
+    """``llama-server`` built from the llama-cpp-python ``version`` sdist (PyPI, through pip):
+    the cached build in ``build_dir`` if its stamp names that version, else download, unpack and
+    ``build`` (then stamp it). What CI runs (``.ci/run``); returns the binary's path."""
+    import tarfile
+    import tempfile
+
+    out = Path(build_dir) if build_dir else DEFAULT_BUILD_DIR
+    path, stamp = out / "bin" / "llama-server", out / STAMP
+    if os.access(path, os.X_OK) and stamp.is_file() and stamp.read_text().strip() == version:
+        return str(path)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                        f"llama-cpp-python=={version}", "-d", tmp], check=True)
+        archive = Path(tmp) / f"llama_cpp_python-{version}.tar.gz"
+        if not archive.is_file():
+            raise FileNotFoundError(f"pip download gave no {archive.name} in {tmp}")
+        with tarfile.open(archive) as tar:
+            if sys.version_info >= (3, 12):
+                tar.extractall(tmp, filter="data")
+            else:   # pragma: no cover - the sdist comes from PyPI through pip
+                tar.extractall(tmp)
+        built = build(Path(tmp) / f"llama_cpp_python-{version}", out, jobs)
+    stamp.write_text(version + "\n")
+    return built
+
+
 @dataclass
 class LlamaServer:
     """One running ``llama-server`` child process."""
@@ -144,10 +175,13 @@ def stop_servers(servers: list[LlamaServer], timeout_s: float = 10.0) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m llm_lb_gym.serve.llamacpp build SRC [BUILD_DIR]`` | ``start N`` (until Ctrl-C)."""
+    """``python -m llm_lb_gym.serve.llamacpp build SRC [BUILD_DIR]`` | ``ensure VERSION
+    [BUILD_DIR]`` | ``start N`` (until Ctrl-C)."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["build"] and len(args) >= 2:
         print(build(args[1], args[2] if len(args) > 2 else None))
+    elif args[:1] == ["ensure"] and len(args) >= 2:
+        print(ensure(args[1], args[2] if len(args) > 2 else None))
     elif args[:1] == ["start"] and len(args) == 2:
         servers = start_servers(int(args[1]))
         print(" ".join(f"--backend {s.url}" for s in servers), flush=True)
@@ -159,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             stop_servers(servers)
     else:
-        raise SystemExit("usage: python -m llm_lb_gym.serve.llamacpp build SRC [BUILD_DIR] | start N")
+        raise SystemExit("usage: python -m llm_lb_gym.serve.llamacpp build SRC [BUILD_DIR] | "
+                         "ensure VERSION [BUILD_DIR] | start N")
 
 
 if __name__ == "__main__":
