@@ -1,17 +1,30 @@
-"""Bench the router service: its added latency over direct calls, and its sustained request rate.
+"""Bench the router service: its added latency per request, its CPU per request, its request rate.
 
     llm-lb-gym bench_serve                       # round_robin and jsq, 2 simulated backends
-    llm-lb-gym bench_serve --routers jsq --overhead-requests 1000 --rate-seconds 10
+    llm-lb-gym bench_serve --routers jsq --pairs 1000 --rate-seconds 10
+    llm-lb-gym bench_serve --burst 60 --routers late_binding --options-from v100_near_capacity
+    llm-lb-gym bench_serve --routers round_robin --profile /tmp/router.svg   # py-spy, the rate phase
 
 Everything runs on 127.0.0.1 as child processes: N simulated backends at a very large time
 scale (their engine time is ~0, so what is measured is HTTP and the router) and one router
-process per router. Overhead: short non-streamed requests sent one at a time, alternating
-between the router and a backend directly; the router's overhead at p50 / p99 is the
-difference of the two latency percentiles. Rate: ``--concurrency`` requests kept in flight
-from one client process for ``--rate-seconds``; it reports requests per second, errors, and the
-router process's CPU seconds per request (from /proc), because on a small machine the client and
-the backends compete with the router for the same cores. The router's own decision time comes
-from its ``llm_lb_router_decision_seconds`` histogram.
+process per router. Measured per router:
+
+- **paired overhead**: ``--pairs`` pairs of the same request, one sent to a backend directly and
+  one through the router, in a random order per pair, one at a time; the overhead is the
+  distribution of the per-pair differences (routed - direct), p50 / p90 / p99. The direct call
+  takes the router's own upstream path: a non-streamed client request goes upstream as a
+  stream with usage (``assemble_upstream``), so its direct twin is that stream, read to its
+  end; a streamed request is a stream both ways. (The bench before 0.7.0 took the difference of
+  two percentiles of a non-streamed direct call and a routed call: not a distribution of
+  differences, not the same upstream path, and once negative.)
+- **router CPU per request**: the router process's CPU seconds (``/proc/PID/stat``) over the
+  rate phase divided by the requests it answered, and so **requests/s per router core**
+  (its inverse: what the router would carry with a core of its own) beside the requests/s
+  measured, which on a shared machine is what the other processes leave it.
+- **decision time**: the router's histogram, and an in-process loop on a service view.
+
+The machine's load average is printed with every figure: on a shared 2-core machine the CPU
+figures are the ones to compare.
 """
 
 from __future__ import annotations
@@ -81,22 +94,39 @@ def start(args, router: str, time_scale: str = "100000"):
     return url, urls, procs
 
 
-def overhead(router_url: str, backend_url: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+def overhead(router_url: str, backend_url: str, n: int, stream: bool, seed: int = 0) -> np.ndarray:
+    """Per-pair differences (routed - direct, seconds) of ``n`` pairs of the same request, the
+    two of a pair in a random order; the direct one takes the router's upstream path (module
+    docstring). One request at a time, over kept-alive connections."""
     import httpx
 
-    direct, routed = [], []
+    routed_body = {**BODY, "stream": stream}
+    direct_body = {**BODY, "stream": True, "stream_options": {"include_usage": True}}
+    rng = np.random.default_rng(seed)
+
+    def call(c, url: str, body: dict) -> float:
+        t = time.perf_counter()
+        with c.stream("POST", url + "/v1/completions", json=body) as r:
+            for _ in r.iter_raw():
+                pass
+            if r.status_code != 200:
+                raise RuntimeError(f"{url}: HTTP {r.status_code}")
+        return time.perf_counter() - t
+
+    out = np.empty(n)
     with httpx.Client(timeout=10) as c:
         for _ in range(50):    # warm up both paths (connections, caches)
-            c.post(router_url + "/v1/completions", json=BODY)
-            c.post(backend_url + "/v1/completions", json=BODY)
-        for _ in range(n):
-            for url, out in ((backend_url, direct), (router_url, routed)):
-                t = time.perf_counter()
-                r = c.post(url + "/v1/completions", json=BODY)
-                out.append(time.perf_counter() - t)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text}")
-    return np.array(direct), np.array(routed)
+            call(c, router_url, routed_body)
+            call(c, backend_url, direct_body)
+        for k in range(n):
+            if rng.random() < 0.5:
+                d = call(c, backend_url, direct_body)
+                r = call(c, router_url, routed_body)
+            else:
+                r = call(c, router_url, routed_body)
+                d = call(c, backend_url, direct_body)
+            out[k] = r - d
+    return out
 
 
 async def rate(url: str, seconds: float, concurrency: int, max_requests: int) -> tuple[int, int, float]:
@@ -192,7 +222,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="llm-lb-gym bench_serve", description=__doc__.splitlines()[0])
     ap.add_argument("--routers", default="round_robin,jsq")
     ap.add_argument("--backends", type=int, default=2)
-    ap.add_argument("--overhead-requests", type=int, default=500)
+    ap.add_argument("--pairs", type=int, default=500, help="paired-overhead pairs per request shape")
     ap.add_argument("--rate-seconds", type=float, default=5.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--max-requests", type=int, default=100000)
@@ -205,8 +235,11 @@ def main(argv=None) -> None:
     ap.add_argument("--burst", type=int, default=0,
                     help="only this: N short requests at once through each router, backends at time "
                          "scale 1 (simulated V100s), the time until the last answer")
-    ap.add_argument("--policy", default=None, help="llm_lb_gym.experiments.train run dir (for --backends "
+    ap.add_argument("--policy", default=None, help="an improve or train run dir (for --backends "
                     "instances): adds a 'learned' router row")
+    ap.add_argument("--profile", default=None, metavar="FILE",
+                    help="py-spy the router during the rate phase: FILE.svg (flame graph), .json "
+                         "(speedscope) or .txt (raw stacks, for summing)")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from llm_lb_gym.extras import require
 
@@ -233,19 +266,27 @@ def main(argv=None) -> None:
     for router in routers:
         url, urls, procs = start(args, router)
         try:
-            d, r = overhead(url, urls[0], args.overhead_requests)
-            p50 = (np.percentile(r, 50) - np.percentile(d, 50)) * 1e3
-            p99 = (np.percentile(r, 99) - np.percentile(d, 99)) * 1e3
-            dq, rq = np.percentile(d, [50, 99]) * 1e3, np.percentile(r, [50, 99]) * 1e3
-            print(f"[{router}] direct p50 {dq[0]:.3f} ms p99 {dq[1]:.3f} ms; "
-                  f"via router p50 {rq[0]:.3f} ms p99 {rq[1]:.3f} ms; "
-                  f"overhead p50 {p50:.3f} ms, p99 {p99:.3f} ms ({args.overhead_requests} pairs)")
+            for stream in (False, True):
+                shape = "streamed" if stream else "non-streamed"
+                cpu0 = cpu_seconds(procs[-1].pid)
+                diff = overhead(url, urls[0], args.pairs, stream) * 1e3
+                cpu = cpu_seconds(procs[-1].pid) - cpu0
+                q = np.percentile(diff, [50, 90, 99])
+                print(f"[{router}] paired overhead, {shape} ({args.pairs} pairs): p50 {q[0]:.3f} ms, "
+                      f"p90 {q[1]:.3f} ms, p99 {q[2]:.3f} ms, mean {diff.mean():.3f} ms; router CPU "
+                      f"{cpu / (args.pairs + 50) * 1e3:.3f} ms per request one at a time "
+                      f"(load average {os.getloadavg()[0]:.1f})")
             cpu0 = cpu_seconds(procs[-1].pid)
+            prof = start_profile(args.profile, procs[-1].pid, args.rate_seconds) if args.profile else None
             ok, err, dt = asyncio.run(rate(url, args.rate_seconds, args.concurrency, args.max_requests))
             cpu = cpu_seconds(procs[-1].pid) - cpu0
+            if prof is not None:
+                prof.wait()
+            per = cpu / max(ok, 1)
             print(f"[{router}] sustained: {ok / dt:.0f} req/s ok, {err} errors, over {dt:.1f} s at "
-                  f"concurrency {args.concurrency}; router CPU {cpu / max(ok, 1) * 1e3:.3f} ms per request "
-                  f"(= {max(ok, 1) / cpu if cpu else float('nan'):.0f} req/s per router CPU-second)")
+                  f"concurrency {args.concurrency} (load average {os.getloadavg()[0]:.1f}); router CPU "
+                  f"{per * 1e3:.3f} ms per request = {1 / per if cpu else float('nan'):.0f} req/s per "
+                  f"router core")
             print(f"[{router}] " + decision_quantiles(httpx.get(url + "/metrics").text))
             print(f"[{router}] " + in_process(args, router))
         finally:
@@ -253,6 +294,19 @@ def main(argv=None) -> None:
                 p.kill()
             for p in procs:
                 p.wait()
+
+
+def start_profile(path: str, pid: int, seconds: float):
+    """py-spy recording the router process for the rate phase (``--profile``; the profile extra)."""
+    import shutil
+
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("bench_serve --profile needs py-spy (pip install -e '.[profile]')")
+    fmt = "speedscope" if path.endswith(".json") else ("raw" if path.endswith(".txt") else "flamegraph")
+    return subprocess.Popen([spy, "record", "-p", str(pid), "-d", str(max(1, int(seconds))), "-r", "200",
+                             "-f", fmt, "-o", path, "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":

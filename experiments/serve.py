@@ -142,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     # On SIGTERM uvicorn stops accepting, lets requests in flight finish for the drain bound,
     # then cancels the rest (each closes its upstream connection) and runs the app's shutdown.
     drain = app.state.service.cfg.drain_timeout_s if args.what == "router" else 5.0
+    # proxy_headers off: no X-Forwarded-* rewriting layer per request (the router is the edge).
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=drain)
+                timeout_graceful_shutdown=drain, proxy_headers=False, server_header=False)
 
 
 if __name__ == "__main__":

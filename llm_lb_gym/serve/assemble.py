@@ -18,9 +18,7 @@ completion tokens = content events). Requests whose stream cannot be assembled t
 
 from __future__ import annotations
 
-import json
-
-from .protocol import CHAT
+from .protocol import CHAT, dumps, loads
 
 _PASSTHROUGH_FIELDS = {"logprobs": (None, False), "top_logprobs": (None,), "tools": (None, []),
                        "functions": (None, []), "best_of": (None, 1)}
@@ -39,8 +37,7 @@ def needs_passthrough(body: dict) -> str | None:
 
 def streamed_body(body: dict) -> bytes:
     """The request as the router sends it upstream: streamed, with usage in the last chunk."""
-    return json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}},
-                      separators=(",", ":")).encode()
+    return dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
 
 
 class UpstreamErrorEvent(Exception):
@@ -78,7 +75,7 @@ class Assembler:
             self.done = True
             return
         try:
-            obj = json.loads(payload)
+            obj = loads(payload)
         except ValueError:
             raise UpstreamErrorEvent(f"malformed SSE event {payload[:80]!r}") from None
         if "error" in obj:

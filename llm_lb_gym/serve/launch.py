@@ -24,7 +24,8 @@ class ServerThread:
         import uvicorn
 
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                access_log=False, timeout_graceful_shutdown=1)
+                                access_log=False, timeout_graceful_shutdown=1,
+                                proxy_headers=False, server_header=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()

@@ -108,10 +108,11 @@ _FIELD_TYPES: dict[str, tuple[tuple, str]] = {
 
 
 def _check_fields(body: dict) -> None:
-    for name, (types, what) in _FIELD_TYPES.items():
-        v = body.get(name)
-        if v is None:
+    for name, v in body.items():   # a body holds a few keys: look each up, not every known field
+        spec = _FIELD_TYPES.get(name)
+        if spec is None or v is None:
             continue
+        types, what = spec
         if isinstance(v, bool) and bool not in types or not isinstance(v, types):
             raise BadRequest(400, f"'{name}' must be {what}, got {type(v).__name__}", name)
     stop = body.get("stop")

@@ -27,12 +27,13 @@ from ..sim.latency import get_preset
 from .config import RouterServiceConfig
 from .dispatch import Dispatcher
 from .health import BackendHealth
+from .http_client import Pool, UpstreamHTTPError, backend_address
 from .protocol import make_counter
 from .scrape import parse_metrics
 from .view import BackendView, ServiceTable, inv_ideal_function
 
 _DECISION_BUCKETS = (1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2)
-UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
+UPSTREAM_ERRORS = (UpstreamHTTPError, aiohttp.ClientError, asyncio.TimeoutError, ConnectionError)
 
 
 class NoBackend(Exception):
@@ -59,6 +60,7 @@ class RouterService:
             v.health = BackendHealth(hc)
             v.guards = {}     # rid -> Guard of a request that has sent its client nothing yet
             v.relays = {}     # rid -> Relay of a reply being read (idle streams are cut on a probe down)
+            v.addr, v.base_path = backend_address(v.url)
         self.buckets = self._bucket_function()
         if hasattr(self.router, "prepare"):
             self.router.prepare(self.views)
@@ -71,7 +73,8 @@ class RouterService:
         self.waiters: dict[int, asyncio.Future] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self.client: aiohttp.ClientSession | None = None
+        self.client: aiohttp.ClientSession | None = None   # the probes' and scrapes'
+        self.pool: Pool | None = None                      # the requests' (http_client.py)
         self._tasks: list[asyncio.Task] = []
 
     def _bucket_function(self):
@@ -91,6 +94,7 @@ class RouterService:
         r = self.registry = CollectorRegistry()
         self.m_requests = Counter("llm_lb_router_requests", "Requests by endpoint and outcome",
                                   ["endpoint", "outcome"], registry=r)
+        self._outcomes: dict[tuple[str, str], object] = {}   # labelled children, looked up once
         Gauge("llm_lb_router_queue_length", "Requests held at the router",
               registry=r).set_function(lambda: self.dispatcher.waiting)
         inflight = Gauge("llm_lb_router_backend_in_flight", "Requests in flight per backend",
@@ -108,6 +112,12 @@ class RouterService:
         self.m_attempt_fail = Counter("llm_lb_router_upstream_failures",
                                       "Attempts that failed at a backend, by stage",
                                       ["backend", "stage"], registry=r)
+
+    def count_outcome(self, kind: str, outcome: str) -> None:
+        c = self._outcomes.get((kind, outcome))
+        if c is None:
+            c = self._outcomes[(kind, outcome)] = self.m_requests.labels(kind, outcome)
+        c.inc()
 
     # ------------------------------------------------------------------ routing
     def now_s(self) -> float:
@@ -249,9 +259,7 @@ class RouterService:
         cfg = self.cfg
         self.client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                                             auto_decompress=False)
-        self.t_stream = aiohttp.ClientTimeout(total=None, sock_connect=cfg.connect_timeout_s,
-                                              sock_read=cfg.idle_timeout_s)
-        self.t_plain = aiohttp.ClientTimeout(total=cfg.request_timeout_s, sock_connect=cfg.connect_timeout_s)
+        self.pool = Pool(cfg.connect_timeout_s)
         for v in self.views:
             self._tasks.append(asyncio.create_task(self._probe_forever(v)))
             self._tasks.append(asyncio.create_task(self._scrape_forever(v)))
@@ -264,3 +272,5 @@ class RouterService:
             self._timer.cancel()
         if self.client is not None:
             await self.client.close()
+        if self.pool is not None:
+            self.pool.close()

@@ -10,7 +10,7 @@ Stages, each bounded, each retried elsewhere while nothing has gone to the clien
 3. **First token** (streamed upstream requests): the router reads the backend's first chunk
    before it answers the client, so a backend that fails before its first token (killed, hung,
    a malformed first event) costs a retry, not an error. Upstream silences are bounded by
-   ``idle_timeout_s`` (aiohttp's read timeout), queueing at the backend included.
+   ``idle_timeout_s`` (``http_client.py``, each wait for data), queueing at the backend included.
 4. **Relay** (streamed) or **assembly** (non-streamed, ``assemble.py``): every chunk is checked
    (``sse.py``) and its text events counted into the in-flight table. An assembled reply is
    retried whole on any fault (nothing went out yet); a relayed stream that breaks, stalls, turns
@@ -37,10 +37,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aiohttp
-
 from .assemble import Assembler, UpstreamErrorEvent, needs_passthrough, streamed_body
 from .protocol import BadRequest, dumps, error_body, parse_request
+from .http_client import ConnectFailed
 from .service import UPSTREAM_ERRORS, NoBackend, RouterService
 from .sse import MalformedStream, StreamCheck
 
@@ -52,20 +51,22 @@ class Guard:
     """Why a request's own task was cancelled: ``client`` (it left), ``backend_down`` (its
     backend was taken out before the first byte), ``timeout`` (a stage's deadline)."""
 
-    __slots__ = ("task", "why", "timer", "live")
+    __slots__ = ("task", "why", "timer", "live", "late")
 
     def __init__(self):
         self.task = asyncio.current_task()
         self.why: str | None = None
         self.timer = None
         self.live = True
+        self.late = ""        # what the deadline set last bounds
 
     def trip(self, why: str) -> None:
         if self.live and self.why is None:
             self.why = why
             self.task.cancel()
 
-    def deadline(self, seconds: float) -> None:
+    def deadline(self, seconds: float, what: str) -> None:
+        self.late = f"{what} within {seconds} s"
         self.timer = asyncio.get_running_loop().call_later(seconds, self.trip, "timeout")
 
     def clear(self) -> None:
@@ -138,12 +139,12 @@ async def _client_gone(receive) -> None:
         pass
 
 
-def _upstream_headers(scope) -> dict:
-    headers = {"content-type": "application/json"}
+def _authorization(scope) -> str | None:
+    """The client's Authorization header, passed upstream (the only header that is)."""
     for k, v in scope["headers"]:
         if k == b"authorization":
-            headers["authorization"] = v.decode("latin-1")
-    return headers
+            return v.decode("latin-1")
+    return None
 
 
 class Proxy:
@@ -161,7 +162,7 @@ class Proxy:
                                  None, "request_too_large")
             req = parse_request(raw, kind, cfg.models, cfg.context_tokens, svc.count, cfg.max_json_depth)
         except BadRequest as exc:
-            svc.m_requests.labels(kind, "rejected").inc()
+            svc.count_outcome(kind, "rejected")
             await send_json(send, exc.status, exc.body())
             return
         tb = svc.table
@@ -172,7 +173,7 @@ class Proxy:
         gone = asyncio.ensure_future(_client_gone(receive))
         gone.add_done_callback(lambda f: f.cancelled() or guard.trip("client"))
         try:
-            outcome = await self._serve(req, raw, _upstream_headers(scope), kind, path, rid, guard, send)
+            outcome = await self._serve(req, raw, _authorization(scope), kind, path, rid, guard, send)
         except asyncio.CancelledError:
             if guard.caught("client") is None:
                 raise    # cancelled from outside (shutdown)
@@ -182,9 +183,9 @@ class Proxy:
             guard.clear()
             gone.cancel()
             tb.free(rid)
-        svc.m_requests.labels(kind, outcome).inc()
+        svc.count_outcome(kind, outcome)
 
-    async def _serve(self, req, raw, headers, kind, path, rid, guard, send) -> str:
+    async def _serve(self, req, raw, auth, kind, path, rid, guard, send) -> str:
         """Attempts until one answers the client; returns the outcome counted."""
         svc, cfg = self.svc, self.svc.cfg
         assemble = not req.stream and cfg.assemble_upstream and needs_passthrough(req.body) is None
@@ -201,7 +202,7 @@ class Proxy:
                                                       f"{cfg.queue_timeout_s} s ({why})", "no_backend"))
                 return "no_backend"
             try:
-                return await self._attempt(view, req, body, headers, kind, path, rid, guard, send, assemble)
+                return await self._attempt(view, req, body, auth, kind, path, rid, guard, send, assemble)
             except Failed as f:
                 last = f"{view.url}: {f}"
                 avoid.append(view)
@@ -212,7 +213,7 @@ class Proxy:
                                               "upstream_error"))
         return "upstream_error"
 
-    async def _attempt(self, view, req, body, headers, kind, path, rid, guard, send, assemble) -> str:
+    async def _attempt(self, view, req, body, auth, kind, path, rid, guard, send, assemble) -> str:
         """One backend's try; raises ``Failed`` while nothing went to the client."""
         svc, cfg = self.svc, self.svc.cfg
         streamed_up = req.stream or assemble
@@ -221,25 +222,27 @@ class Proxy:
         try:
             try:
                 if streamed_up:
-                    guard.deadline(cfg.first_byte_timeout_s)
-                resp = await svc.client.post(view.url + path, data=body, headers=headers,
-                                             timeout=svc.t_stream if streamed_up else svc.t_plain)
-                guard.clear()
+                    guard.deadline(cfg.first_byte_timeout_s, "no response headers")
+                else:
+                    guard.deadline(cfg.request_timeout_s, "no whole reply")
+                resp = await svc.pool.request(view.addr, view.base_path + path, body, cfg.idle_timeout_s, auth)
                 stage = "headers"
                 if resp.status >= 500:
-                    text = (await resp.read())[:300].decode("utf-8", "replace")
+                    text = (await resp.read(300))[:300].decode("utf-8", "replace")
                     raise Failed("status", f"answered {resp.status}: {text}")
                 if resp.status != 200 or not streamed_up:   # a 4xx (the client's) or a whole reply
                     content = await resp.read()
+                    guard.clear()
                     svc.attempt_ok(view)
-                    await self._answer(send, resp.status, content, resp.headers.get("content-type"))
+                    await self._answer(send, resp.status, content, resp.content_type())
                     return "ok" if resp.status == 200 else "backend_status"
+                guard.clear()
                 stage = "first_token"
                 relay = view.relays[rid] = Relay(resp)
                 if assemble:
                     return await self._assembled(view, resp, relay, kind, rid, req, guard, send)
                 check = StreamCheck()
-                first = await resp.content.readany()
+                first = await resp.next_chunk()
                 if not first:
                     raise Failed(stage, "the stream ended before its first event")
                 n = check.feed(first)
@@ -248,13 +251,12 @@ class Proxy:
                 if why is None:
                     raise
                 if why == "timeout":
-                    raise Failed(stage, f"no response headers within {cfg.first_byte_timeout_s} s") from None
+                    raise Failed(stage, guard.late) from None
                 raise Failed(stage, f"taken out before the first byte ({view.health.reason})") from None
             except UPSTREAM_ERRORS as exc:
                 if relay is not None and relay.why:
                     raise Failed(stage, relay.why) from None
-                raise Failed(stage, f"{type(exc).__name__}: {exc}",
-                             fatal=isinstance(exc, aiohttp.ClientConnectorError)) from None
+                raise Failed(stage, f"{type(exc).__name__}: {exc}", fatal=isinstance(exc, ConnectFailed)) from None
             except (MalformedStream, UpstreamErrorEvent) as exc:
                 raise Failed(stage, f"malformed stream: {exc}") from None
             guard.clear()
@@ -270,7 +272,7 @@ class Proxy:
             view.guards.pop(rid, None)
             view.relays.pop(rid, None)
             if resp is not None:
-                resp.close()    # read to its end: a no-op; else the backend sees the client go
+                resp.release()   # kept alive if read to its end; else dropped: the backend sees us go
             svc.finish(view, rid)
 
     async def _answer(self, send, status: int, content: bytes, ctype: str | None) -> None:
@@ -285,7 +287,7 @@ class Proxy:
         asm = Assembler(kind)
         first = True
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.chunks():
                 relay.last = time.monotonic()
                 n = asm.feed(chunk)
                 if first:
@@ -319,7 +321,7 @@ class Proxy:
         svc = self.svc
         why = None
         try:
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.chunks():
                 relay.last = time.monotonic()
                 n = check.feed(chunk)
                 if n:
