@@ -50,6 +50,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def schedstat(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of a process's main thread:
+    Linux's /proc/PID/schedstat; the wait is what a loaded machine adds to its latency."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        run_ns, wait_ns, _ = f.read().split()
+    return int(run_ns) * 1e-9, int(wait_ns) * 1e-9
+
+
 def in_process(args, router: str) -> str:
     from llm_lb_gym.routers.registry import make_router
 
@@ -268,14 +276,16 @@ def main(argv=None) -> None:
         try:
             for stream in (False, True):
                 shape = "streamed" if stream else "non-streamed"
-                cpu0 = cpu_seconds(procs[-1].pid)
+                cpu0, (run0, wait0) = cpu_seconds(procs[-1].pid), schedstat(procs[-1].pid)
                 diff = overhead(url, urls[0], args.pairs, stream) * 1e3
                 cpu = cpu_seconds(procs[-1].pid) - cpu0
+                run1, wait1 = schedstat(procs[-1].pid)
                 q = np.percentile(diff, [50, 90, 99])
+                k = args.pairs + 50
                 print(f"[{router}] paired overhead, {shape} ({args.pairs} pairs): p50 {q[0]:.3f} ms, "
                       f"p90 {q[1]:.3f} ms, p99 {q[2]:.3f} ms, mean {diff.mean():.3f} ms; router CPU "
-                      f"{cpu / (args.pairs + 50) * 1e3:.3f} ms per request one at a time "
-                      f"(load average {os.getloadavg()[0]:.1f})")
+                      f"{cpu / k * 1e3:.3f} ms per request one at a time, and {(wait1 - wait0) / k * 1e3:.3f} "
+                      f"ms waiting for a CPU (load average {os.getloadavg()[0]:.1f})")
             cpu0 = cpu_seconds(procs[-1].pid)
             prof = start_profile(args.profile, procs[-1].pid, args.rate_seconds) if args.profile else None
             ok, err, dt = asyncio.run(rate(url, args.rate_seconds, args.concurrency, args.max_requests))
