@@ -38,13 +38,14 @@ import io
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch as th
 from torch.nn import functional as F
 
 from llm_lb_gym._validate import ConfigError, check_choice, check_int, check_range
+from llm_lb_gym.sim.clock import DEFAULT_DECISION_INTERVAL_S
 
 EXECUTORS = ("process", "ray", "inline")
 LOSSES = ("ce", "advantage")
@@ -119,6 +120,19 @@ class PolicyIterationConfig:
             raise ConfigError(f"{p}.validation_seeds is empty; allowed: a list of seeds")
         for s in self.validation_seeds:
             check_int(f"{p}.validation_seeds[]", s, 0)
+        # The teacher and the rollout operator over it, now rather than at the first episode.
+        from llm_lb_gym.routers.registry import ROUTERS, make_router
+
+        allowed = [n for n in ROUTERS if n != "lookahead"]   # the operator's base (routers/improve.py)
+        check_choice(f"{p}.teacher", self.teacher, allowed)
+        if not isinstance(self.teacher_options, Mapping):
+            raise ConfigError(f"{p}.teacher_options={self.teacher_options!r} must be a mapping of "
+                              f"{self.teacher!r}'s options")
+        try:
+            make_router(self.teacher, **dict(self.teacher_options))
+        except ConfigError as err:
+            raise type(err)(f"{p}.teacher_options: {err}") from None
+        self.operator_options(DEFAULT_DECISION_INTERVAL_S)   # samples, antithetic, see_future
 
     def operator_options(self, decision_interval_s: float):
         from llm_lb_gym.routers.improve import ImprovementOptions

@@ -113,13 +113,19 @@ def start_options(start: dict) -> ScoredBindingOptions:
     """The search's start point as scored_binding options (from late_binding's or its own)."""
     start = dict(start)
     sb = {f.name for f in fields(ScoredBindingOptions)}
-    if "order" in start or "reserve" in start:
-        return ScoredBindingOptions.from_late_binding(start)
+    try:
+        if "order" in start or "reserve" in start:
+            return ScoredBindingOptions.from_late_binding(start)
+    except (ConfigError, TypeError) as err:   # TypeError: a keyword late_binding does not take
+        raise ConfigError(f"search.start (late_binding's options {start}): {err}") from None
     unknown = sorted(set(start) - sb)
     if unknown:
         raise ConfigError(f"search.start has unknown options {unknown}; allowed: late_binding's "
                           f"or scored_binding's {sorted(sb)}")
-    return ScoredBindingOptions(**start)
+    try:
+        return ScoredBindingOptions(**start)
+    except ConfigError as err:
+        raise ConfigError(f"search.start (scored_binding's options {start}): {err}") from None
 
 
 def candidate(start: ScoredBindingOptions, params, x: np.ndarray) -> ScoredBindingOptions:
@@ -183,6 +189,20 @@ class Episodes:
         return self.run([(router, options, s) for s in seeds])
 
 
+def check_setting(kw: dict, cfg: SearchConfig) -> None:
+    """The env ``kw`` builds (in this process, before any worker runs an episode) and has what
+    ``cfg.objective`` scores: ``slo`` needs deadlines (``env.slo`` not None)."""
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+
+    env = gym.make("LLMCluster-v0", **{**kw, "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
+    if cfg.objective == "slo" and env.unwrapped.cfg.slo is None:
+        raise ConfigError("search.objective=slo needs SLO deadlines, and env.slo=None sets none; "
+                          "allowed: env.slo with deadlines (e.g. env.slo={ttft_multiple: 5.0}), or "
+                          "search.objective=e2e")
+
+
 # ----------------------------------------------------------------------------- objective
 def objective(cfg: SearchConfig, runs: list[dict], ref: list[dict], rr: list[dict] | None) -> float:
     """Lower is better (module doc); ``ref``: the start point's episodes, ``rr``: round robin's."""
@@ -200,6 +220,7 @@ def policy_search(kw: dict, cfg: SearchConfig, log=print, writer=None) -> dict[s
     """Run the search on the env ``kw``; returns the best options (validated), the history
     and the wall time."""
     start = start_options(cfg.start)
+    check_setting(kw, cfg)
     n, lam = cfg.dim, cfg.population
     mu = lam // 2
     w = np.log(mu + 0.5) - np.log(np.arange(1, mu + 1))

@@ -53,16 +53,27 @@ def _mapping(name: str, value) -> dict:
     return value
 
 
-def check_policy_options(name: str, value) -> None:
-    """``{router name: {option: value}}``: known routers, known options (values are checked by
-    each router's typed options when it is built)."""
-    from llm_lb_gym.routers.registry import ROUTER_CLASSES, router_options
+def check_router_options(name: str, router: str, options) -> None:
+    """``options`` (a mapping, or None) of registered router ``router``: known keys and valid
+    values, by building the router once (cheap: no episode), each error prefixed with ``name``."""
+    from llm_lb_gym.routers.registry import ROUTER_CLASSES, make_router, router_options
 
+    lookup("router", ROUTER_CLASSES, router)
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise ConfigError(f"{name}={options!r} must be a mapping of router {router!r}'s options")
+    reject_unknown(name, options, router_options(router))
+    try:
+        make_router(router, **options)
+    except ConfigError as err:
+        raise type(err)(f"{name}: {err}") from None
+
+
+def check_policy_options(name: str, value) -> None:
+    """``{router name: {option: value}}``: known routers, known options and valid values (each
+    router built once, so a bad value fails before the first episode, not at its router's turn)."""
     for router, options in _mapping(name, value).items():
-        lookup("router", ROUTER_CLASSES, router)
-        if not isinstance(options, dict):
-            raise ConfigError(f"{name}.{router}={options!r} must be a mapping of options")
-        reject_unknown(f"{name}.{router}", options, router_options(router))
+        check_router_options(f"{name}.{router}", router, options)
 
 
 def check_agents(value) -> dict:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import llm_lb_gym.conf as _conf_pkg
+from llm_lb_gym._validate import ConfigError
 
 CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 """conf/ installs as the package ``llm_lb_gym.conf``, so it is found from an editable install and
@@ -96,6 +97,10 @@ def to_container(node):
     return OmegaConf.to_container(node, resolve=True, throw_on_missing=True)
 
 
+ENV_GROUPS = ("engine", "workload", "predictor", "reward")
+"""Config groups that are ``gym.make`` keywords of their own (``conf/<group>/``)."""
+
+
 def env_kwargs(cfg) -> dict:
     """``gym.make("LLMCluster-v0", **env_kwargs(cfg))`` from the composed groups. A router as the
     reward's teacher without its own ``reward.teacher_options`` gets the setting's options of
@@ -103,8 +108,15 @@ def env_kwargs(cfg) -> dict:
     kw = dict(to_container(cfg.env))
     if isinstance(kw.get("obs"), dict):
         kw["obs"] = {k: tuple(v) if isinstance(v, list) else v for k, v in kw["obs"].items()}
-    for group in ("engine", "workload", "predictor", "reward"):
+    for group in ENV_GROUPS:
         if group in cfg and cfg[group] is not None:
+            if kw.get(group) is not None:
+                # gym.make takes engine=... as an env keyword, so env.engine.x=1 looks natural;
+                # the group would replace it without a word. One place per value: the group's.
+                keys = ", ".join(f"{group}.{k}" for k in kw[group]) if isinstance(kw[group], dict) else group
+                raise ConfigError(f"env.{group} is set ({kw[group]!r}) beside the {group} group, which "
+                                  f"replaces it: write {keys} (the {group} group's options) instead of "
+                                  f"env.{group}.*")
             kw[group] = to_container(cfg[group])
     reward = kw.get("reward")
     if isinstance(reward, dict) and reward.get("teacher") not in (None, "mixing") \

@@ -50,7 +50,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from llm_lb_gym.experiments._accounting import describe_workload, filter_note, row_filters
-from llm_lb_gym.experiments._entry_options import MAX_SEED, check_evaluate_options
+from llm_lb_gym.experiments._entry_options import MAX_SEED, check_evaluate_options, check_router_options
 from llm_lb_gym.experiments._evaluation import evaluate
 from llm_lb_gym.experiments._hydra import env_kwargs, router_options, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import TrainingProgressCallback, say
@@ -102,6 +102,8 @@ def _check_train_cfg(cfg) -> None:
         from llm_lb_gym.routers.registry import ROUTERS
 
         check_choice("train.imitation.teacher", im["teacher"], ROUTERS)
+        check_router_options("train.imitation.teacher_options", im["teacher"],
+                             to_container(im.get("teacher_options")))
         from llm_lb_gym.agents import agent_spec
 
         if not (agent_spec(cfg.agent.name).semi_mdp_replay or agent_spec(cfg.agent.name).teacher_actions):

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llm_lb_gym._validate import ConfigError
+from llm_lb_gym.experiments._entry_options import check_evaluate_options
 from llm_lb_gym.experiments._evaluation import evaluate
 from llm_lb_gym.experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
@@ -60,27 +62,42 @@ def decision_time_ms(kw: dict, path: Path, seed: int) -> dict:
     return {"p50": float(np.percentile(w, 50)), "p99": float(np.percentile(w, 99)), "n": int(len(w))}
 
 
-def improve(cfg, out: Path | None = None) -> dict:
+def test_config(cfg, out: Path, path: Path):
+    """The test evaluation's config (``evaluate``'s keys): the network at ``path`` beside
+    ``test.policies``."""
     from omegaconf import OmegaConf
 
     from llm_lb_gym.agents.policy_iteration import DistilledAgent
 
+    return OmegaConf.create({
+        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
+        "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
+        "reward": to_container(cfg.reward), "policies": to_container(cfg.test.get("policies")),
+        "policy_options": to_container(cfg.eval.policy_options) or {},
+        "agents": {NAME: {"kind": "distilled", "path": str(path), "env": DistilledAgent.ENV_OPTIONS}},
+        "episodes": cfg.test.get("episodes"), "seed": cfg.test.get("seed"), "baseline": "round_robin",
+        "plot": True, "output_dir": str(out / "test"), "progress": cfg.get("progress", True)})
+
+
+def improve(cfg, out: Path | None = None) -> dict:
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+
     out = Path(out) if out is not None else run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     pc = policy_iteration_config(cfg)   # a bad option fails before anything runs
     kw = env_kwargs(cfg)
+    check_evaluate_options(test_config(cfg, out, out / "best_policy.pt"), prefix="test.")   # run after training
+    if pc.teacher not in list(cfg.test.policies):
+        raise ConfigError(f"test.policies={list(cfg.test.policies)} lacks the teacher {pc.teacher!r}, "
+                          f"which the network is compared with; add it")
+    gym.make("LLMCluster-v0", **kw)      # the env's options, before a worker meets them
+    out.mkdir(parents=True, exist_ok=True)
     write_run_record(out, cfg)
     trained = train_distilled(cfg, out)
     train_wall = trained["train_wall_s"]
     path = Path(trained["model"])
-    ev_cfg = OmegaConf.create({
-        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
-        "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
-        "reward": to_container(cfg.reward), "policies": list(cfg.test.policies),
-        "policy_options": to_container(cfg.eval.policy_options) or {},
-        "agents": {NAME: {"kind": "distilled", "path": str(path), "env": DistilledAgent.ENV_OPTIONS}},
-        "episodes": int(cfg.test.episodes), "seed": int(cfg.test.seed), "baseline": "round_robin",
-        "plot": True, "output_dir": str(out / "test"), "progress": cfg.get("progress", True)})
+    ev_cfg = test_config(cfg, out, path)
     t1 = time.perf_counter()
     ev = evaluate(ev_cfg, out=out / "test", leave_bars=False)
     rows = ev["rows"]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from llm_lb_gym.experiments._entry_options import _names, check_evaluate_options
 from llm_lb_gym.experiments._evaluation import evaluate
 from llm_lb_gym.experiments._hydra import env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
@@ -48,6 +49,20 @@ def search_config(cfg):
     return SearchConfig(**opts)
 
 
+def test_config(cfg, out: Path, policies: list[str], found: dict):
+    """The test evaluation's config (``evaluate``'s keys) with ``found`` as scored_binding's options."""
+    from omegaconf import OmegaConf
+
+    options = {**(to_container(cfg.eval.policy_options) or {}), NAME: found}
+    return OmegaConf.create({
+        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
+        "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
+        "reward": to_container(cfg.reward), "policies": policies, "policy_options": options,
+        "agents": {}, "episodes": cfg.test.get("episodes"), "seed": cfg.test.get("seed"),
+        "baseline": "round_robin", "plot": True, "output_dir": str(out / "test"),
+        "progress": cfg.get("progress", True)})
+
+
 def _by_seed(rows: list[dict], policy: str, base: str, key: str):
     a = {r["seed"]: r[key] for r in rows if r["policy"] == policy}
     b = {r["seed"]: r[key] for r in rows if r["policy"] == base}
@@ -57,30 +72,25 @@ def _by_seed(rows: list[dict], policy: str, base: str, key: str):
 
 def search(cfg, out: Path | None = None) -> dict:
     import yaml
-    from omegaconf import OmegaConf
     from torch.utils.tensorboard import SummaryWriter
 
-    from llm_lb_gym.agents.policy_search import policy_search
+    from llm_lb_gym.agents.policy_search import check_setting, policy_search, start_options
 
     out = Path(out) if out is not None else run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
     sc = search_config(cfg)
     kw = env_kwargs(cfg)
+    # The test's options too, before the search (it runs after it).
+    policies = list(dict.fromkeys([*_names("test.policies", to_container(cfg.test.get("policies"))), NAME]))
+    check_evaluate_options(test_config(cfg, out, policies, start_options(sc.start).as_dict()), prefix="test.")
+    check_setting(kw, sc)
+    out.mkdir(parents=True, exist_ok=True)
     write_run_record(out, cfg)
     writer = SummaryWriter(str(out / "tb" / NAME))
     res = policy_search(kw, sc, log=say, writer=writer)
     writer.close()
     found = res["best_options"].as_dict()
     (out / f"{NAME}.yaml").write_text(yaml.safe_dump({NAME: found}, sort_keys=False))
-    policies = list(dict.fromkeys([*cfg.test.policies, NAME]))
-    options = {**(to_container(cfg.eval.policy_options) or {}), NAME: found}
-    ev_cfg = OmegaConf.create({
-        "env": to_container(cfg.env), "engine": to_container(cfg.engine),
-        "workload": to_container(cfg.workload), "predictor": to_container(cfg.predictor),
-        "reward": to_container(cfg.reward), "policies": policies, "policy_options": options,
-        "agents": {}, "episodes": int(cfg.test.episodes), "seed": int(cfg.test.seed),
-        "baseline": "round_robin", "plot": True, "output_dir": str(out / "test"),
-        "progress": cfg.get("progress", True)})
+    ev_cfg = test_config(cfg, out, policies, found)
     t1 = time.perf_counter()
     ev = evaluate(ev_cfg, out=out / "test", leave_bars=False)
     rows = ev["rows"]

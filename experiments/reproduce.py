@@ -39,16 +39,12 @@ from llm_lb_gym.experiments._evaluation import evaluate
 from llm_lb_gym.experiments._figures import reproduce_figures
 from llm_lb_gym.experiments._hydra import compose, env_kwargs, hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import progress_bar, say
+from llm_lb_gym.experiments._reproduce_options import (TRAINERS, STEPS_PER_REQUEST_LIMIT,  # noqa: F401
+                                                       _experiment, _with_workload, check_reproduce_options,
+                                                       eval_config, improve_overrides, train_overrides)
 from llm_lb_gym.experiments._tables import paired_change
 from llm_lb_gym.experiments._training import train, train_distilled
 from llm_lb_gym.capacity import capacity_rps
-
-TRAINERS = ("train", "improve")
-"""How a variant is trained: ``train`` (an SB3 agent, ``experiments._training.train``) or
-``improve`` (policy iteration, ``experiments._training.train_distilled``)."""
-STEPS_PER_REQUEST_LIMIT = 20
-"""Evaluation episodes stop after this many env steps per request (round robin needs ~1.2)."""
-
 
 def offered_rate_rps(kw: dict, seed: int) -> float:
     """Requests per second of one episode's arrivals (synthetic or replayed trace alike)."""
@@ -108,43 +104,12 @@ def paper_table(rows: list[dict], labels: dict[str, str], paper: dict, paper_wai
     return "\n".join(lines)
 
 
-def _experiment(cfg, setting: str, *more: str) -> str:
-    """``experiment=`` override: the setting, a variant's own experiments (e.g. learned_router),
-    then ``extra_experiments`` (e.g. debug) on top."""
-    names = [setting, *more, *list(cfg.get("extra_experiments") or [])]
-    return f"experiment={names[0]}" if len(names) == 1 else f"experiment=[{','.join(names)}]"
-
-
-def _with_workload(cfg, sub):
-    """``sub`` (a composed train or evaluate config) with the workload the command selected
-    (``workload=trace workload.path=... workload.format=...``) in place of the setting's own."""
-    if cfg.get("workload") is not None:
-        from omegaconf import OmegaConf
-
-        with open_dict(sub):
-            sub.workload = OmegaConf.create(to_container(cfg.workload))
-    return sub
-
-
-def _variant_experiments(var) -> list[str]:
-    exp = var.get("experiment")
-    return [] if exp is None else ([exp] if isinstance(exp, str) else list(exp))
-
-
 def _train_distilled_variant(cfg, setting: str, key: str, out: Path) -> dict:
     """A variant with ``trainer: improve``: policy iteration on the setting (``conf/improve.yaml``
-    with the variant's experiments). Its ``scored_teacher`` experiment reads the setting's
-    searched ``scored_binding`` options; a setting without them gets ``late_binding`` as the
-    teacher instead, and the run says so."""
-    var = cfg.variants[key]
-    more = _variant_experiments(var)
-    probe = compose("evaluate", [_experiment(cfg, setting)])
-    if "scored_teacher" in more and "scored_binding" not in (probe.get("eval") or {}).get("policy_options", {}):
-        more = [m for m in more if m != "scored_teacher"]
-        say(f"{setting}: no searched scored_binding options (eval.policy_options.scored_binding); "
-            f"variant {key} distils late_binding instead")
-    overrides = [_experiment(cfg, setting, *more), f"seed={cfg.seed}",
-                 f"progress={str(bool(cfg.get('progress', True))).lower()}", *list(var.get("overrides") or [])]
+    with the variant's experiments, :func:`improve_overrides`)."""
+    overrides, note = improve_overrides(cfg, setting, key)
+    if note:
+        say(note)
     icfg = _with_workload(cfg, compose("improve", overrides))
     res = train_distilled(icfg, out)
     return {**{k: res[k] for k in ("model", "kind", "env", "teacher", "best_round", "train_wall_s")},
@@ -152,19 +117,11 @@ def _train_distilled_variant(cfg, setting: str, key: str, out: Path) -> dict:
 
 
 def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
-
     var = cfg.variants[key]
     if var.get("trainer", "train") == "improve":
         return _train_distilled_variant(cfg, setting, key, out)
-    agent = var.get("agent") or cfg.agent   # a variant may name its own agent (ppo_kl)
-    overrides = [_experiment(cfg, setting, *_variant_experiments(var)), f"agent={agent}",
-                 f"seed={cfg.seed}", f"name={key}", "eval.policies=[round_robin]", "eval.episodes=2",
-                 "eval.plot=false", f"progress={str(bool(cfg.get('progress', True))).lower()}",
-                 *cfg.train_overrides, *list(var.get("overrides") or [])]
-    if var.get("reward"):
-        overrides.insert(1, f"reward={var.reward}")
-    if cfg.train_episodes is not None:
-        overrides.append(f"train.episodes={int(cfg.train_episodes)}")
+    agent = var.get("agent") or cfg.agent
+    overrides = train_overrides(cfg, setting, key)
     tcfg = _with_workload(cfg, compose("train", overrides))
     res = train(tcfg, out=out, leave_bars=False)
     env = to_container(tcfg.env)
@@ -175,15 +132,11 @@ def _train_variant(cfg, setting: str, key: str, out: Path) -> dict:
 
 def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
     """Train the variants of ``setting`` (or reuse ``models_from``), evaluate, tabulate;
-    ``bar`` (a progress bar over the run's stages) advances once per variant and evaluation."""
-    from llm_lb_gym._validate import ConfigError, check_choice
-
+    ``bar`` (a progress bar over the run's stages) advances once per variant and evaluation.
+    The options were checked by ``check_reproduce_options`` (``reproduce`` does it first)."""
     t0 = time.perf_counter()
     trained: dict[str, dict] = {}
     for key in cfg.run_variants:
-        if key not in cfg.variants:
-            raise ConfigError(f"run_variants: {key!r}; allowed: {', '.join(cfg.variants)}")
-        check_choice(f"variants.{key}.trainer", cfg.variants[key].get("trainer", "train"), TRAINERS)
         run = Path(cfg.models_from) / setting / key if cfg.models_from else None
         if run is not None and key not in list(cfg.get("retrain") or []) and run.exists():
             rec = json.loads((run / "variant.json").read_text()) if (run / "variant.json").exists() else {}
@@ -199,21 +152,7 @@ def reproduce_setting(cfg, setting: str, out: Path, bar=None) -> dict:
             bar.update()
     t_train = time.perf_counter() - t0
 
-    ecfg = _with_workload(cfg, compose("evaluate", [_experiment(cfg, setting), f"seed={cfg.eval_seed}"]))
-    with open_dict(ecfg):
-        # An experiment states its evaluation under eval.* (train's layout); evaluate's keys are flat.
-        exp_eval = ecfg.get("eval") or {}
-        ecfg.episodes = int(cfg.eval_episodes if cfg.eval_episodes is not None
-                            else exp_eval.get("episodes", ecfg.episodes))
-        ecfg.policies = list(cfg.policies if cfg.policies is not None
-                             else exp_eval.get("policies", ecfg.policies))
-        ecfg.policies += [p for p in (cfg.get("extra_policies") or []) if p not in ecfg.policies]
-        ecfg.plot = bool(exp_eval.get("plot", True))
-        ecfg.agents = {k: {"kind": v.get("kind") or cfg.agent, "path": v["model"], "env": v.get("env") or {}}
-                       for k, v in trained.items()}
-        # An agent that defers forever is cut off (requests left unfinished are reported).
-        ecfg.env.setdefault("max_episode_steps", STEPS_PER_REQUEST_LIMIT * int(ecfg.env.num_requests))
-        ecfg.progress = bool(cfg.get("progress", True))
+    ecfg = eval_config(cfg, setting, trained)
     kw = env_kwargs(ecfg)
     t1 = time.perf_counter()
     if bar is not None:
@@ -296,6 +235,7 @@ def reproduce(cfg, out: Path | None = None) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    check_reproduce_options(cfg)   # every setting, variant and transfer entry, before any training
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
     t0 = time.perf_counter()

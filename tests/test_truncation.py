@@ -41,9 +41,23 @@ def test_readme_quick_start_with_a_step_limit(limit):
     env.action_space.seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # no "mean of empty slice" with nothing completed
+        # ... but the one warning that says why: 40 requests cannot end within `limit` steps
+        warnings.filterwarnings("ignore", message=".*num_requests=40 exceeds max_episode_steps")
         steps, terminated, truncated, info = _readme_loop(env)
     assert steps == limit and truncated and not terminated
     assert _accounted(info["metrics"], 40) and info["metrics"]["unfinished"] > 0
+
+
+def test_more_requests_than_the_step_limit_warns_once():
+    env = gym.make("LLMCluster-v0", num_requests=40, max_episode_steps=39)
+    with pytest.warns(UserWarning, match="num_requests=40 exceeds max_episode_steps=39: an episode needs "
+                                         "at least one step per request"):
+        env.reset(seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.reset(seed=1)                                            # once per env
+        gym.make("LLMCluster-v0", num_requests=40, max_episode_steps=40).reset(seed=0)
+        gym.make("LLMCluster-v0", num_requests=40, max_episode_steps=None).reset(seed=0)
 
 
 def test_registered_limit_truncates_with_metrics(monkeypatch):

@@ -229,6 +229,7 @@ class LLMClusterEnv(gym.Env):
         self._all_idle = None
         self._mixing_h = None
         self.cluster: Cluster | None = None
+        self._warned_truncation = False
         self.batch: RequestBatch | None = None
         self._teacher = None
         self._cands: tuple[int, ...] = ()
@@ -289,6 +290,7 @@ class LLMClusterEnv(gym.Env):
         (None: defer), or None when that request is not one of the current candidates."""
         if position is None or instance is None:
             return self.defer_action
+        self._require_reset("action_for()")
         rid = self.cluster.queue[position]
         try:
             j = self._cands.index(rid)
@@ -415,11 +417,29 @@ class LLMClusterEnv(gym.Env):
         view = snapshot(self.cluster)
         return to_ansi(view) if self.render_mode == "ansi" else to_rgb_array(view)
 
+    def warn_if_truncated(self, limit: int | None) -> None:
+        """Once per env: an episode takes at least one step per request (each route is a step),
+        so an episode of more requests than the ``TimeLimit``'s ``limit`` can never terminate:
+        every episode would be truncated and nothing would say why. ``FinalMetrics`` (outside
+        the ``TimeLimit``, which the env never sees) calls it at each reset."""
+        n = len(self.batch) if self.batch is not None else self.cfg.num_requests
+        if limit is not None and n > limit and not self._warned_truncation:
+            self._warned_truncation = True
+            gym.logger.warn(
+                f"num_requests={n} exceeds max_episode_steps={limit}: an episode needs at least one "
+                "step per request, so every episode will be truncated before it terminates; pass "
+                f"max_episode_steps=None (or more than {n}) to gym.make, or fewer requests")
+
+    def _require_reset(self, what: str) -> None:
+        if self.cluster is None:
+            raise RuntimeError(f"{what} before reset(): there is no episode yet; call reset(seed=...) first")
+
     def _render_human(self) -> None:
         print(to_ansi(snapshot(self.cluster)), flush=True)
 
     def metrics(self) -> dict:
         """Episode metrics so far (final once the episode has terminated)."""
+        self._require_reset("metrics()")
         c = self.cluster
         m = episode_metrics(c.table)
         m["unfinished"] = c.table.n - m["completed"] - m["rejected"]

@@ -111,12 +111,19 @@ class RewardConfig:
         if not isinstance(self.teacher, str):
             raise ConfigError(f"reward.teacher={self.teacher!r} must be 'mixing' or a router name")
         if self.teacher != MIXING_TEACHER:
-            from ..routers.registry import ROUTERS, router_options
+            from ..routers.registry import ROUTERS, make_router, router_options
 
             check_choice("reward.teacher", self.teacher, (MIXING_TEACHER, *ROUTERS))
+            if not isinstance(self.teacher_options or {}, Mapping):
+                raise ConfigError(f"reward.teacher_options={self.teacher_options!r} must be a mapping "
+                                  f"of router {self.teacher!r}'s options")
             opts = dict(self.teacher_options or {})
             reject_unknown(f"reward.teacher_options (router {self.teacher!r})", opts,
                            router_options(self.teacher))
+            try:   # the values too, now, in every reward mode (the teacher is built at reset)
+                make_router(self.teacher, **opts)
+            except ConfigError as err:
+                raise type(err)(f"reward.teacher_options: {err}") from None
         elif self.teacher_options:
             raise ConfigError("reward.teacher_options is for a router teacher; the mixing "
                               f"teacher takes reward.mixing instead (got {dict(self.teacher_options)})")

@@ -21,6 +21,11 @@ class FinalMetrics(gym.Wrapper, gym.utils.RecordConstructorArgs):
         gym.utils.RecordConstructorArgs.__init__(self)
         gym.Wrapper.__init__(self, env)
 
+    def reset(self, **kwargs):
+        out = self.env.reset(**kwargs)
+        self.env.unwrapped.warn_if_truncated(getattr(self.spec, "max_episode_steps", None))
+        return out
+
     def step(self, action):
         # Every step passes here: the tuple goes back as it came (no unpacking, no new tuple).
         out = self.env.step(action)

@@ -140,6 +140,8 @@ class ModelArchitecture:
 
 _REQUIRED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
              "max_position_embeddings")
+_OPTIONAL_INTS = ("num_key_value_heads", "head_dim")
+_OPTIONAL_BOOLS = ("tie_word_embeddings", "attention_bias")
 _DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 2}
 
 
@@ -169,14 +171,25 @@ def from_hf_config(source: str | Path | Mapping[str, Any], name: str | None = No
     if missing:
         raise ConfigError(f"model config {where}: missing key(s) {', '.join(missing)} "
                           f"(required: {', '.join(_REQUIRED)})")
+    # Every value the shapes are computed from, checked where it is read (a 0 or a string would
+    # raise ZeroDivisionError or TypeError below without naming the file or the key).
+    try:
+        for key in _REQUIRED + _OPTIONAL_INTS:
+            if key in _REQUIRED or cfg.get(key) is not None:
+                check_int(key, cfg[key], 1)
+        for key in _OPTIONAL_BOOLS:
+            if cfg.get(key) is not None:
+                check_bool(key, cfg[key])
+    except ConfigError as err:
+        raise ConfigError(f"model config {where}: {err}") from None
     heads = cfg["num_attention_heads"]
     dtype = cfg.get("torch_dtype") or "float16"
-    if dtype not in _DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
         raise ConfigError(f"model config {where}: torch_dtype={dtype!r}; allowed: {', '.join(_DTYPE_BYTES)}")
     act = cfg.get("hidden_act", "silu")
     try:
         return ModelArchitecture(
-            name=name or cfg.get("_name_or_path") or (where if where != "config dict" else "custom"),
+            name=name or str(cfg.get("_name_or_path") or (where if where != "config dict" else "custom")),
             num_layers=cfg["num_hidden_layers"], hidden_size=cfg["hidden_size"], num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,

@@ -247,6 +247,14 @@ class ClusterConfig:
         m, engines = resolve_instances(self.num_instances, self.instances, self.engine)
         object.__setattr__(self, "num_instances", m)
         object.__setattr__(self, "instances", engines)
+        declared: dict[str, tuple[int, GPUDatasheet]] = {}
+        for i, e in enumerate(self.engines):   # one name, one GPU: labels and tables go by name
+            if isinstance(e.gpu, GPUDatasheet):
+                j, other = declared.setdefault(e.gpu.name, (i, e.gpu))
+                if other != e.gpu:
+                    raise ConfigError(f"cluster.instances: instances {j} and {i} declare GPU "
+                                      f"{e.gpu.name!r} with different figures ({other} vs {e.gpu}); "
+                                      "give each declared GPU its own name")
 
     @property
     def engines(self) -> tuple[EngineConfig, ...]:
@@ -264,12 +272,14 @@ class ClusterConfig:
         return all(e == first for e in self.instances)
 
     def describe(self) -> str:
-        """Instances by preset, in order: ``4 x llama2-7b-v100``, ``2 x llama2-7b-a100 + 2 x
-        llama2-7b-v100`` (run records and result headers)."""
+        """Instances by the preset they run, in order: ``4 x llama2-7b-v100``, ``2 x
+        llama2-7b-a100 + 2 x llama2-7b-v100``, ``4 x llama2-7b/a100-80gb/tp1`` for an
+        ``engine.model_config`` (run records and result headers; from the resolved hardware,
+        so never the default preset's name for a run on other hardware)."""
         runs: list[list] = []
         for e in self.engines:
             if runs and runs[-1][0] == e:
                 runs[-1][1] += 1
             else:
                 runs.append([e, 1])
-        return " + ".join(f"{n} x {e.preset}" for e, n in runs)
+        return " + ".join(f"{n} x {e.hardware.name}" for e, n in runs)

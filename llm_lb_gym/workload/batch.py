@@ -42,6 +42,12 @@ class RequestBatch:
     """Tokens per hash block (Mooncake traces: 512); a multiple of the engine's block size."""
 
     def __post_init__(self) -> None:
+        # Columns as the simulator reads them, whoever built the batch: lists and float arrays
+        # of whole numbers are converted, fractional or non-numeric counts are an error (as in
+        # from_arrays and the trace readers), not truncated by the engine.
+        for name in ("prompt_tokens", "decode_tokens", "task_id"):
+            object.__setattr__(self, name, _counts(name, getattr(self, name)))
+        object.__setattr__(self, "arrival_s", _times(self.arrival_s))
         n = len(self.arrival_s)
         for name in ("prompt_tokens", "decode_tokens", "task_id"):
             if len(getattr(self, name)) != n:
@@ -98,10 +104,21 @@ class RequestBatch:
         )
 
 
-def _counts(name: str, values) -> np.ndarray:
-    """int64 token counts; a float input must hold whole numbers within ``MAX_TOKENS`` (a cast
-    would wrap 1e19 around silently)."""
+def _times(values) -> np.ndarray:
+    """float64 arrival times, one dimension."""
     a = np.asarray(values)
+    if a.ndim != 1 or (a.dtype.kind not in "fiu" and len(a)):
+        raise ValueError(f"RequestBatch.arrival_s must be a one-dimensional sequence of numbers; "
+                         f"got {a.ndim} dimension(s) of dtype {a.dtype}")
+    return a.astype(np.float64, copy=False)
+
+
+def _counts(name: str, values) -> np.ndarray:
+    """int64 counts (tokens, task ids); a float input must hold whole numbers within
+    ``MAX_TOKENS`` (a cast would wrap 1e19 around silently, and truncate 10.5)."""
+    a = np.asarray(values)
+    if a.ndim != 1:
+        raise ValueError(f"RequestBatch.{name} must be one-dimensional; got shape {a.shape}")
     if a.dtype.kind == "u" and len(a) and a.max() > MAX_TOKENS:   # would wrap in the int64 cast
         raise ValueError(f"RequestBatch.{name} must be <= MAX_TOKENS={MAX_TOKENS} (llm_lb_gym.limits)")
     if a.dtype.kind == "f":
@@ -111,7 +128,7 @@ def _counts(name: str, values) -> np.ndarray:
                              f"{MAX_TOKENS} (llm_lb_gym.limits)")
     elif a.dtype.kind not in "iub" and len(a):
         raise ValueError(f"RequestBatch.{name} must be integers; got dtype {a.dtype}")
-    return a.astype(np.int64)
+    return a.astype(np.int64, copy=False)
 
 
 def poisson_batch(rng: np.random.Generator, n: int, rate_rps: float, prompt_mean: float,

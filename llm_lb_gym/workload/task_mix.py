@@ -17,7 +17,7 @@ Lengths come from distributions fitted to those numbers (``length_dist``):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -96,14 +96,19 @@ def _resolve_weights(weights, tasks: tuple[TaskSpec, ...]) -> tuple[float, ...]:
                           f"or a mapping over {', '.join(names)}")
     elif isinstance(weights, Mapping):
         reject_unknown("task weight", weights, names)
-        raw = [float(weights.get(n, 0.0)) for n in names]
-    else:
-        raw = [float(w) for w in weights]
+        raw = [weights.get(n, 0.0) for n in names]
+    elif isinstance(weights, (Sequence, np.ndarray)):   # str is handled above
+        raw = list(weights)
         if len(raw) != len(tasks):
             raise ConfigError(f"weights has {len(raw)} entries; allowed: exactly {len(tasks)} "
                               f"(one per task: {', '.join(names)})")
+    else:
+        raise ConfigError(f"weights={weights!r} is not valid; allowed: None, "
+                          f"{', '.join(WEIGHT_PRESETS)}, a sequence of {len(tasks)} numbers, "
+                          f"or a mapping over {', '.join(names)}")
     for name, w in zip(names, raw):
-        check_range(f"weights[{name}]", w, 0.0)
+        check_range(f"weights[{name}]", w, 0.0)   # a number: "1" or None is an error, not float()ed
+    raw = [float(w) for w in raw]
     total = sum(raw)
     if total <= 0:
         raise ConfigError("weights must have a positive sum; allowed: non-negative, not all zero")
