@@ -12,9 +12,15 @@ so every prompt token is computed and every request decodes exactly its tokens):
   iteration at the streams' context then (streamed token times, read on the client: a pipeline,
   so the HTTP delay cancels out of the differences);
 - each point's time is taken net of the server thread's waits for a CPU (Linux's schedstat over
-  the measurement): the machine is shared, and the preset is to hold a core's own speed (the
-  replay measures its own slowdown the same way, ``serve/llamacpp_sim.py``). Each point is
-  measured :data:`REPEATS` times; the repeat with the median net time is kept.
+  the measurement) and of the machine's execution slowdown at that moment (a CPU probe's time
+  over the least probe time of the session, ``experiments/_contention.py``: waiting is not all
+  that sharing costs, the sibling hyperthread and the caches are shared too); the preset is to
+  hold a core's own speed (the replay measures both factors over itself, ``sim_to_real.py``).
+  Each point is measured :data:`REPEATS` times; the repeat with the median net time is kept;
+- the frontend: lone streamed requests of 16 tokens, the first token seen by the client less
+  the server's own ``timings.prompt_ms`` for the same prompt: llama-server's per-request work
+  outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the
+  ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``).
 
 Each point is a :class:`~llm_lb_gym.calibration.vidur_profiles.CalibrationPoint` (its whole time in
 ``gpu_s``: on a CPU server there is no separate host overhead to split off) and the
@@ -57,10 +63,14 @@ DECODE_TOKENS = 24
 REPEATS = 3
 """Each point is measured this often and the median kept (other processes share the cores)."""
 FIELDS = ("phase", "label", "prefill_tokens", "prefill_attn_pairs", "decode_seqs", "decode_ctx_tokens",
-          "wall_s", "run_share", "repeats")
+          "wall_s", "run_share", "repeats", "probe_s")
 """``wall_s``: the measured step time; ``run_share``: the share of the measurement during which
 the server's thread was on a CPU (``/proc/PID/schedstat``; the rest it waited for one, the
-machine being shared). The fit uses ``wall_s x run_share``: the step on a core of its own."""
+machine being shared); ``probe_s``: the CPU probe's time around the point (``_contention.py``).
+The fit uses ``wall_s x run_share x min(probe_s) / probe_s``: the step on a quiet core of its own.
+Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time."""
+FRONTEND_PROMPT = 16
+FRONTEND_REPEATS = 8
 
 
 def prompt_text(tokens: int) -> str:
@@ -125,12 +135,18 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
 
     from llm_lb_gym.serve.llamacpp_sim import schedstat_s
 
+    from llm_lb_gym.experiments._contention import probe_s
+
     async def timed(coro):
+        p0 = probe_s()
         before = schedstat_s(pid)
         out = await coro
         after = schedstat_s(pid)
+        probes.append(min(p0, probe_s()))
         run, wait = after[0] - before[0], after[1] - before[1]
         return out, run / (run + wait) if run > 0 else 1.0
+
+    probes: list[float] = []
 
     # A fresh connection per request: llama-server may close an idle keep-alive connection, and a
     # reused closed one fails the next request ("Server disconnected").
@@ -143,19 +159,34 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
         await _prefill_s(client, url, model, 8)   # warm-up: first-call allocations
         points = []
         for p in PREFILL_PROMPTS:
+            probes.clear()
             runs = [await timed(_prefill_s(client, url, model, p)) for _ in range(repeats)]
             s, share = _median_net(runs)
             points.append(Measured(CalibrationPoint("prefill", f"prefill {p}", p, causal_pairs(p), 0, 0, s * share,
-                                                    0.0, 0.0), s, share))
-            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it)")
+                                                    0.0, 0.0), s, share, float(np.median(probes))))
+            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it, probe {np.median(probes) * 1e3:.2f} ms)")
         for prompt in DECODE_PROMPTS:
             for b in DECODE_BATCHES:
+                probes.clear()
                 runs = [await timed(_decode_step(client, url, model, b, prompt, DECODE_TOKENS)) for _ in range(repeats)]
                 ctx = int(np.median([r[0][1] for r in runs]))
                 s, share = _median_net([(r[0][0], r[1]) for r in runs])
                 points.append(Measured(CalibrationPoint("decode", f"decode B={b} ctx~{ctx // b}", 0, 0, b, ctx,
-                                                        s * share, 0.0, 0.0), s, share))
-                log(f"  decode B={b} context {ctx // b:>4}/seq: {s * 1e3:8.1f} ms per step (on a CPU {share:.0%})")
+                                                        s * share, 0.0, 0.0), s, share, float(np.median(probes))))
+                log(f"  decode B={b} context {ctx // b:>4}/seq: {s * 1e3:8.1f} ms per step (on a CPU {share:.0%}, "
+                    f"probe {np.median(probes) * 1e3:.2f} ms)")
+        probes.clear()
+        excess = []
+        for _ in range(FRONTEND_REPEATS):
+            prompt_s = await _prefill_s(client, url, model, FRONTEND_PROMPT)
+            t0 = time.monotonic()
+            times = await _stream_times(client, url, model, FRONTEND_PROMPT, 2)
+            excess.append(times[0] - t0 - prompt_s)
+            probes.append(probe_s())
+        e = float(np.median(excess))
+        points.append(Measured(CalibrationPoint("frontend", f"ttft beyond prompt {FRONTEND_PROMPT}", FRONTEND_PROMPT, 0,
+                                                0, 0, e, 0.0, 0.0), e, 1.0, float(np.median(probes))))
+        log(f"  a lone {FRONTEND_PROMPT}-token request, streamed: first token {e * 1e3:.1f} ms after the server's prompt time")
     return points
 
 
@@ -173,6 +204,7 @@ class Measured:
     point: CalibrationPoint
     wall_s: float
     run_share: float
+    probe_s: float = float("nan")
 
 
 def write_points(points: Sequence[Measured], path: Path, repeats: int) -> None:
@@ -183,19 +215,44 @@ def write_points(points: Sequence[Measured], path: Path, repeats: int) -> None:
         for m in points:
             p = m.point
             w.writerow([p.phase, p.label, p.prefill_tokens, p.prefill_attn_pairs, p.decode_seqs,
-                        p.decode_ctx_tokens, f"{m.wall_s:.6f}", f"{m.run_share:.4f}", repeats])
+                        p.decode_ctx_tokens, f"{m.wall_s:.9f}", f"{m.run_share:.4f}", repeats, f"{m.probe_s:.9f}"])
+
+
+def read_rows(path: Path | str = PROFILE_CSV) -> list[dict]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    needed = set(FIELDS) - {"probe_s"}   # profiles before issue 33 have no probe column
+    if not rows or needed - set(rows[0]):
+        raise ValueError(f"{path}: not a llama.cpp profile (columns {', '.join(FIELDS)} expected)")
+    return rows
+
+
+def probe_reference_s(rows: Sequence[dict]) -> float:
+    """The least probe time of the profile: the machine's speed at its quietest moment then."""
+    probes = [float(r["probe_s"]) for r in rows if r.get("probe_s") not in (None, "", "nan")]
+    return min(probes) if probes else float("nan")
 
 
 def read_points(path: Path | str = PROFILE_CSV) -> list[CalibrationPoint]:
-    """The profile's points, each with its net time (wall x CPU share) as ``gpu_s``."""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows or set(FIELDS) - set(rows[0]):
-        raise ValueError(f"{path}: not a llama.cpp profile (columns {', '.join(FIELDS)} expected)")
+    """The profile's batch points, each with its net time (wall x CPU share x the probe's
+    least / its time at the point: on a quiet core of its own) as ``gpu_s``."""
+    rows = read_rows(path)
+    ref = probe_reference_s(rows)
+
+    def quiet(r) -> float:
+        probe = float(r.get("probe_s") or "nan")
+        return ref / probe if probe == probe and ref == ref else 1.0
+
     return [CalibrationPoint(r["phase"], r["label"], int(r["prefill_tokens"]), int(r["prefill_attn_pairs"]),
                              int(r["decode_seqs"]), int(r["decode_ctx_tokens"]),
-                             float(r["wall_s"]) * float(r["run_share"]), 0.0, 0.0)
-            for r in rows]
+                             float(r["wall_s"]) * float(r["run_share"]) * quiet(r), 0.0, 0.0)
+            for r in rows if r["phase"] in ("prefill", "decode")]
+
+
+def frontend_delay_s(path: Path | str = PROFILE_CSV) -> float | None:
+    """The profile's lone-request TTFT beyond the server's prompt time (None: not measured)."""
+    rows = [r for r in read_rows(path) if r["phase"] == "frontend"]
+    return float(rows[0]["wall_s"]) if rows else None
 
 
 @dataclass(frozen=True)
@@ -284,8 +341,13 @@ def main(argv: Sequence[str] | None = None) -> LlamaCppFit | None:
     else:
         src = args.csv
     result = fit(read_points(src))
-    print(f"fit of {src} (relative-error NNLS of {', '.join(FIT_TERMS)}):")
+    print(f"fit of {src} (relative-error NNLS of {', '.join(FIT_TERMS)}; times net of CPU waits and of the probe's "
+          f"slowdown, reference probe {probe_reference_s(read_rows(src)) * 1e3:.2f} ms):")
     report(result)
+    delay = frontend_delay_s(src)
+    if delay is not None:
+        print(f"  frontend (llamacpp-server): delay_s={delay:.4g} (a lone request's streamed first token beyond "
+              f"the server's prompt time, median of {FRONTEND_REPEATS})")
     return result
 
 

@@ -64,6 +64,11 @@ def parser() -> argparse.ArgumentParser:
                          "max_context_tokens is the slot context)")
     ap.add_argument("--preset", default=None, help="simulator preset (default: the llama.cpp one)")
     ap.add_argument("--no-stream", action="store_true", help="non-streamed requests (no TTFT)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="replays of every (load, router), each repeat with its own request sequence (seed + k), "
+                         "shared by the routers of that repeat (paired), the routers' order rotated")
+    ap.add_argument("--frontend", default="llamacpp-server",
+                    help="the simulated server's frontend (sim/frontend.py; 'none' for none)")
     ap.add_argument("--out", default="runs/sim_to_real")
     return ap
 
@@ -124,8 +129,11 @@ def start_router(urls, router: str, args, slot_tokens: int, preset: str):
 
 def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     """Fresh servers and router for one replay (nothing carries over between routers); returns
-    the results and how much slower than on cores of their own the servers ran meanwhile
-    (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU)."""
+    the results, how much slower than on cores of their own the servers ran meanwhile
+    (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU) and the CPU probe's
+    median time over the replay (``_contention.py``: the execution slowdown beyond waiting)."""
+    from llm_lb_gym.experiments._contention import ProbeSampler
+
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import schedstat_s, slowdown
     from llm_lb_gym.serve.loadgen import replay
@@ -137,9 +145,10 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
         asyncio.run(warm_up([s.url for s in servers]))
         url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
         before = [schedstat_s(s.proc.pid) for s in servers]
-        res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, model="smollm2",
-                                 max_concurrency=512, stream=not args.no_stream, extra_body=EXTRA_BODY))
-        return res, slowdown(before, [schedstat_s(s.proc.pid) for s in servers])
+        with ProbeSampler() as probe:
+            res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, model="smollm2",
+                                     max_concurrency=512, stream=not args.no_stream, extra_body=EXTRA_BODY))
+        return res, slowdown(before, [schedstat_s(s.proc.pid) for s in servers]), probe.median_s()
     finally:
         if proc is not None:
             proc.kill()
@@ -224,36 +233,54 @@ def main(argv=None) -> dict:
              f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "
              f"{args.servers} llama-server x {args.parallel} slots x {args.ctx_tokens} tokens, one thread each; "
              f"simulator preset {preset}; {'non-streamed' if args.no_stream else 'streamed'}", ""]
+    from llm_lb_gym.experiments.calibrate_llamacpp import probe_reference_s, read_rows
+    from llm_lb_gym.sim.frontend import resolve_frontend
+
+    if args.repeats < 1:
+        raise SystemExit(f"sim_to_real: --repeats={args.repeats}; allowed: >= 1")
+    frontend = None if args.frontend in ("none", "") else resolve_frontend(args.frontend, "--frontend")
+    engine = replace(engine, frontend=frontend)
+    probe_ref = probe_reference_s(read_rows())
+    lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
+                  f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)", ""]
     base_lat = engine.latency_model
     rows, report = [], {}
     for rate in _rates(args.rates):
-        batch = sample(args, rate, slot)
-        summary, factors = {}, {}
-        for router in routers:
-            load0 = os.getloadavg()[0]
-            t0 = time.monotonic()
-            res, factors[router] = replay_real(args, batch, router, slot, preset)
-            wall = time.monotonic() - t0
-            summary[router] = dict(summarize(res), load_before=load0, load_after=os.getloadavg()[0],
-                                   speed_factor=factors[router], wall_s=wall)
-            summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, args.seed)
-            rows += [dict(rate_rps=rate, router=router, **r.__dict__) for r in res]
-            print(f"{rate:g} req/s {router}: {summary[router]['errors']:.0f} errors of {len(res)}, {wall:.0f} s, "
-                  f"load average {load0:.1f} -> {summary[router]['load_after']:.1f}, speed factor "
-                  f"{factors[router]:.2f}; mean E2E served {summary[router]['mean_e2e_s']:.3f} s",
-                  file=sys.stderr, flush=True)
-        # Each replay's simulation runs at the slowdown measured over that replay; the routers
-        # are also simulated at one speed (the median), the ranking a machine of fixed speed gives.
-        common = float(np.median(list(factors.values())))
-        for router in routers:
-            for name, f in ((" (sim)", factors[router]), (" (sim, one speed)", common)):
-                eng = replace(engine, latency=scaled_latency(base_lat, f))
-                summary[router + name] = simulate(batch, router, eng, args.servers, args.seed)
-        lines += table(summary, routers, rate, common)
-        lines += ["", "per replay: load average (1 min) before -> after, slowdown (servers' waits for a CPU): "
-                  + "; ".join(f"{r} {summary[r]['load_before']:.1f} -> {summary[r]['load_after']:.1f}, "
-                              f"x{factors[r]:.2f}" for r in routers), ""]
-        report[str(rate)] = summary
+        per_repeat = []
+        for k in range(args.repeats):
+            rep_args = replace_seed(args, args.seed + k)
+            batch = sample(rep_args, rate, slot)
+            order = routers[k % len(routers):] + routers[:k % len(routers)]   # rotated: drift hits each alike
+            summary, factors = {}, {}
+            for router in order:
+                load0 = os.getloadavg()[0]
+                t0 = time.monotonic()
+                res, waits, probe = replay_real(args, batch, router, slot, preset)
+                wall = time.monotonic() - t0
+                execution = probe / probe_ref if probe_ref == probe_ref else 1.0
+                factors[router] = waits * execution
+                summary[router] = dict(summarize(res), load_before=load0, load_after=os.getloadavg()[0],
+                                       waits_factor=waits, execution_factor=execution, speed_factor=factors[router],
+                                       wall_s=wall)
+                summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, rep_args.seed)
+                rows += [dict(rate_rps=rate, repeat=k, router=router, **r.__dict__) for r in res]
+                print(f"{rate:g} req/s repeat {k} {router}: {summary[router]['errors']:.0f} errors of {len(res)}, "
+                      f"{wall:.0f} s, load average {load0:.1f} -> {summary[router]['load_after']:.1f}, slowdown "
+                      f"x{waits:.2f} (waits) x {execution:.2f} (probe) = x{factors[router]:.2f}; mean E2E served "
+                      f"{summary[router]['mean_e2e_s']:.3f} s", file=sys.stderr, flush=True)
+            # Each replay's simulation runs at the slowdown measured over that replay; the routers
+            # are also simulated at one speed (the median), the ranking a machine of fixed speed gives.
+            common = float(np.median(list(factors.values())))
+            for router in routers:
+                for name, f in ((" (sim)", factors[router]), (" (sim, one speed)", common)):
+                    eng = replace(engine, latency=scaled_latency(base_lat, f))
+                    summary[router + name] = simulate(batch, router, eng, args.servers, rep_args.seed)
+            if args.repeats == 1:
+                lines += table(summary, routers, rate, common)
+            per_repeat.append(summary)
+        lines += paired_table(per_repeat, routers, rate)
+        report[str(rate)] = per_repeat[0]
+        report.setdefault("repeats", {})[str(rate)] = per_repeat
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -263,6 +290,54 @@ def main(argv=None) -> dict:
     (out / "summary.json").write_text(json.dumps(report, indent=1, default=float))
     print(text)
     return report
+
+
+def replace_seed(args, seed: int):
+    out = argparse.Namespace(**vars(args))
+    out.seed = seed
+    return out
+
+
+def _ci(x) -> tuple[float, float]:
+    """Mean and 95% half-width (Student's t over the repeats; NaN with one)."""
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan")
+    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def paired_table(per_repeat: list[dict], routers, rate: float) -> list[str]:
+    """Over the repeats of one load: served vs simulated (each replay at its own measured
+    slowdown) per router, and each router's paired difference from the first router, served and
+    simulated at one speed, with 95% CIs; "resolved" = the served CI excludes 0."""
+    lines = [f"**{rate:g} req/s, {len(per_repeat)} repeat(s)**", "",
+             "| router | mean E2E served (s) | sim (s) | sim/served - 1 (mean, max abs over repeats) | "
+             "mean TTFT served (s) | sim (s) | sim/served - 1 (mean, max abs) | slowdown (waits x probe) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in routers:
+        def col(suffix, key):
+            return np.array([s[r + suffix][key] for s in per_repeat])
+        e_real, e_sim = col("", "mean_e2e_s"), col(" (sim)", "mean_e2e_s")
+        t_real, t_sim = col("", "mean_ttft_s"), col(" (sim)", "mean_ttft_s")
+        e_err, t_err = e_sim / e_real - 1, t_sim / t_real - 1
+        f = " ".join(f"x{s[r]['waits_factor']:.2f}x{s[r]['execution_factor']:.2f}" for s in per_repeat)
+        lines.append(f"| {r} | {e_real.mean():.3f} | {e_sim.mean():.3f} | {e_err.mean():+.1%}, {np.abs(e_err).max():.1%} | "
+                     f"{t_real.mean():.3f} | {t_sim.mean():.3f} | {t_err.mean():+.1%}, {np.abs(t_err).max():.1%} | {f} |")
+    base = routers[0]
+    lines += ["", f"paired difference from {base} (mean E2E, s; 95% CI over repeats):", ""]
+    for r in routers[1:]:
+        d_real = [s[r]["mean_e2e_s"] - s[base]["mean_e2e_s"] for s in per_repeat]
+        d_sim = [s[r + " (sim, one speed)"]["mean_e2e_s"] - s[base + " (sim, one speed)"]["mean_e2e_s"] for s in per_repeat]
+        (mr, hr), (ms, hs) = _ci(d_real), _ci(d_sim)
+        resolved = hr == hr and abs(mr) > hr
+        agree = np.sign(mr) == np.sign(ms)
+        lines.append(f"- {r} - {base}: served {mr:+.3f} +- {hr:.3f}, simulated (one speed) {ms:+.3f} +- {hs:.3f}: "
+                     f"{'resolved' if resolved else 'within the noise'}"
+                     f"{(', same sign' if agree else ', OPPOSITE sign') if resolved else ''}  ")
+    lines.append("")
+    return lines
 
 
 if __name__ == "__main__":

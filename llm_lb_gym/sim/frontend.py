@@ -250,3 +250,7 @@ class Frontend:
 # its 1e-9 s floor). docs/calibration.md.
 register_frontend("vllm-v1-api", FrontendModel(delay_s=0.02555, request_s=0.01126, prompt_token_s=1.051e-9,
                                                first_token_s=0.004253, output_token_s=1.770e-5))
+# llama-server (the sim-to-real backends): a lone 16-token request's streamed first token 4.7 ms
+# after the server's own prompt time (median of 8; experiments/calibrate_llamacpp.py profile).
+# Its HTTP threads' CPU work is not resolved by the profile: none is modelled.
+register_frontend("llamacpp-server", FrontendModel(delay_s=0.00473))

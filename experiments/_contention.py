@@ -1,0 +1,68 @@
+"""How much slower this shared machine runs right now: a CPU probe's own slowdown.
+
+Why: the llama.cpp measurements here run on two vCPUs shared with other people's jobs. The time
+a server thread spends *waiting* for a CPU is in Linux's schedstat (``serve/llamacpp_sim.
+schedstat_s``), but removing it does not remove the slower *execution* while the cores are
+shared (the sibling hyperthread, caches and memory bandwidth taken by others): issue 33 found
+the llama.cpp preset, profiled at load 5-6 net of waits, 50% slower than a fresh profile on a
+quiet machine. So a fixed piece of work (a single-threaded float32 matrix product and a sweep
+over a 16 MB array: the compute and the memory traffic llama.cpp's kernels make) is timed in
+CPU seconds of its own thread (``time.thread_time``: waits excluded); its time over the least
+one measured in the profile is the execution slowdown of that moment.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+_A = np.random.default_rng(0).standard_normal((192, 192)).astype(np.float32)
+_SWEEP = np.ones(4 * 1024 * 1024, np.float32)   # 16 MB
+
+
+def probe_s() -> float:
+    """CPU seconds of the probe's thread for one fixed piece of work (~5-10 ms on this VM)."""
+    t0 = time.thread_time()
+    x = _A
+    for _ in range(12):
+        x = (x @ _A) * np.float32(1e-2)
+    s = 0.0
+    for _ in range(3):
+        s += float(_SWEEP.sum())
+    t1 = time.thread_time()
+    assert np.isfinite(x).all() and s > 0
+    return t1 - t0
+
+
+def best_probe_s(n: int = 5) -> float:
+    """The least of ``n`` probes (the machine's speed at its least contended moment now)."""
+    return min(probe_s() for _ in range(n))
+
+
+class ProbeSampler:
+    """Probes every ``interval_s`` on a thread of its own while a replay runs (about 1% of a
+    core), so the execution slowdown is measured over the replay itself."""
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.samples.append(probe_s())
+
+    def __enter__(self) -> "ProbeSampler":
+        self.samples.append(probe_s())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def median_s(self) -> float:
+        return float(np.median(self.samples))
