@@ -1,0 +1,73 @@
+"""The server's frontend (sim/frontend.py): worked cases, and that it shows in TTFT, in short-request
+throughput and in the env's dynamics. (Engine == reference with a frontend, and compiled == pure:
+tests/test_engine_vs_reference.py, tests/test_compiled_engine.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
+from llm_lb_gym.sim.frontend import FrontendModel
+from llm_lb_gym.sim.latency import LatencyModel
+from llm_lb_gym.sim.metrics import episode_metrics
+from llm_lb_gym.sim.request import RequestTable
+from llm_lb_gym.sim.simulate import simulate
+from llm_lb_gym.workload.batch import RequestBatch
+
+LAT = LatencyModel(base_s=0.01, token_s=1e-4)
+FE = FrontendModel(delay_s=0.02, request_s=0.004, prompt_token_s=1e-5, first_token_s=0.001, output_token_s=2e-4)
+
+
+def _run(arr, p, d, frontend, lat=LAT):
+    cfg = EngineConfig(latency=lat, cpu_overhead=False, frontend=frontend, max_num_seqs=256)
+    table = RequestTable(arr, p, d, d)
+    simulate(RequestBatch.from_arrays(arr, p, d), ClusterConfig(num_instances=1, engine=cfg), table=table)
+    return table
+
+
+def test_a_lone_request_by_hand():
+    t = _run([0.0], [100], [5], FE)
+    start = 0.02 + 0.004 + 100 * 1e-5                     # delay, then the input job alone on the CPU
+    prefill = 0.01 + 100 * 1e-4
+    assert t.first_scheduled_s[0] == pytest.approx(start, rel=1e-12)
+    assert t.first_token_s[0] == pytest.approx(start + prefill, rel=1e-12)
+    # The first chunk (1 ms) and the rest (4 x 0.2 ms, from the first token on) share the CPU:
+    # processor sharing of 1.0 and 0.8 ms jobs: the smaller ends at 1.6 ms, the other 0.2 ms later.
+    assert t.seen_first_token_s[0] == pytest.approx(t.first_token_s[0] + 0.0018, rel=1e-9)
+    decode_end = t.first_token_s[0] + 4 * (0.01 + 1e-4)
+    assert t.finish_s[0] == pytest.approx(decode_end, rel=1e-12)
+    assert t.seen_finish_s[0] == pytest.approx(decode_end, rel=1e-12)   # the CPU kept up: the engine ends last
+    m = episode_metrics(t)
+    assert m["mean_ttft_s"] == pytest.approx(t.seen_first_token_s[0], rel=1e-12)
+
+
+def test_short_request_flood_is_bound_by_the_frontend():
+    n = 400
+    arr, p, d = np.zeros(n), np.full(n, 128), np.full(n, 4)
+    fast_gpu = LatencyModel(base_s=1e-3, token_s=1e-7)   # the forward passes take next to nothing
+    without, with_fe = _run(arr, p, d, None, fast_gpu), _run(arr, p, d, FE, fast_gpu)
+    cpu_per_request = FE.request_s + 128 * FE.prompt_token_s + FE.first_token_s + 3 * FE.output_token_s
+    m0, m1 = episode_metrics(without), episode_metrics(with_fe)
+    assert m1["makespan_s"] == pytest.approx(FE.delay_s + n * cpu_per_request, rel=0.02)   # the CPU's work
+    assert m1["makespan_s"] > 5 * m0["makespan_s"] and m1["mean_ttft_s"] > 5 * m0["mean_ttft_s"]
+
+
+def test_frontend_shows_in_the_env():
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401  (registers the env)
+
+    fe = {"delay_s": 0.05, "request_s": 0.01, "prompt_token_s": 0.0, "first_token_s": 0.0, "output_token_s": 0.0}
+    out = []
+    for engine in ({}, {"frontend": fe}):
+        env = gym.make("LLMCluster-v0", num_requests=120, engine=engine)
+        env.reset(seed=3)
+        done, info = False, {}
+        while not done:
+            mask = env.unwrapped.action_masks()
+            _, _, term, trunc, info = env.step(int(np.flatnonzero(mask)[0]))
+            done = term or trunc
+        out.append(info["metrics"])
+    assert out[1]["completed"] == out[0]["completed"] == 120
+    assert out[1]["mean_ttft_s"] >= out[0]["mean_ttft_s"] + 0.06 - 1e-9   # every request pays delay + its input job
