@@ -96,7 +96,7 @@ def test_registry_errors_list_names_and_options():
                                           "noisy, oracle, transformer"):
         make_predictor("bert")
     assert set(PREDICTORS) >= {"oracle", "noisy", "confusion", "transformer", "light", "forest"}
-    with pytest.raises(ConfigError, match="unknown predictor 'noisy' option.*acc; allowed: accuracy, scheme"):
+    with pytest.raises(ConfigError, match="unknown predictor 'noisy' option.*acc; allowed: accuracy, calibration, scheme"):
         make_predictor("noisy", acc=0.5)
     with pytest.raises(ConfigError, match="needs accuracy"):
         make_predictor("noisy")

@@ -30,11 +30,12 @@ def build_workload(spec, arrival_rate_rps: float | None):
     return make_workload(name, **opts)
 
 
-def build_predictor(spec):
-    """A length predictor from a name, a dict or an object with ``predict``."""
+def build_predictor(spec, workload=None):
+    """A length predictor from a name, a dict or an object with ``predict``; ``workload`` is
+    the history its calibration is fitted on (``predictor/calibration.py``)."""
     if hasattr(spec, "predict"):
         return spec
     from ..predictor.registry import make_predictor
 
     name, opts = as_name_and_options(spec, "predictor")
-    return make_predictor(name, **opts)
+    return make_predictor(name, workload=workload, **opts)

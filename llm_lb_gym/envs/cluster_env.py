@@ -188,7 +188,7 @@ class LLMClusterEnv(gym.Env):
             obs_cfg = dataclasses.replace(obs_cfg, features=obs_cfg.features + extra)
         self.obs_cfg = obs_cfg
         self.workload = build_workload(cfg.workload, cfg.arrival_rate_rps)
-        self.predictor = build_predictor(cfg.predictor)
+        self.predictor = build_predictor(cfg.predictor, self.workload)
         if cfg.slo is not None and cfg.slo.per_task and hasattr(self.workload, "task_names"):
             cfg.slo.check_tasks(tuple(self.workload.task_names))   # per-task deadlines: fail now
         act = cfg.action
@@ -324,7 +324,8 @@ class LLMClusterEnv(gym.Env):
         table = RequestTable.from_batch(
             batch, pred.tokens, prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
             decode_bucket=ob.decode_scheme.bucket(pred.tokens), inv_ideal_s=1.0 / ideal,
-            ttft_deadline_s=ttft_dl, tbt_deadline_s=tbt_dl, count_slo=self._slo_reward)
+            ttft_deadline_s=ttft_dl, tbt_deadline_s=tbt_dl, count_slo=self._slo_reward,
+            pred_upper_tokens=pred.upper_tokens)
         self.pred_bucket = pred.bucket
         self.cluster = Cluster(self.cluster_cfg, table, num_prompt_buckets=ob.n_p,
                                num_decode_buckets=ob.n_d, check=self.cfg.check_invariants,

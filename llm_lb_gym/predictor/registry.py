@@ -16,6 +16,13 @@ light         ``path``, ``task_source``, ``task_classifier``
 forest        ``path``
 ============  ============================================================================
 
+Every name but ``oracle`` also takes ``calibration`` (``predictor/calibration.py``): ``true``
+(the default for noisy, confusion and forest), ``false``, or a dict of ``CalibrationConfig``
+fields. Calibrated, a prediction's tokens are E[decode | task, label] on a history sample of the
+env's workload, with an upper quantile and bucket probabilities: what a deployment would
+estimate on its logged traffic. ``calibration=false`` keeps the base predictor's numbers (bucket
+midpoints for noisy, 0.6.0's behaviour).
+
 A relative ``path`` is tried from the working directory, then from the repository root, so
 the YAML files of ``conf/predictor/`` work from anywhere in the checkout.
 """
@@ -29,6 +36,7 @@ from typing import Callable
 from .._validate import ConfigError, lookup, reject_unknown
 from .base import LengthPredictor
 from .buckets import SCHEMES, BucketScheme
+from .calibration import CalibratedPredictor, as_calibration
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,10 +110,40 @@ PREDICTORS: dict[str, Callable[..., LengthPredictor]] = {
 }
 
 
-def make_predictor(name: str, **options) -> LengthPredictor:
-    """Build the predictor ``name`` with ``options``; errors list valid names and options."""
+CALIBRATED_BY_DEFAULT = ("noisy", "confusion", "forest")
+"""Predictors whose labels are calibrated on the workload unless ``calibration=false``: the
+cheap ones (the text models' cards already carry their training split's bucket means)."""
+
+
+def make_predictor(name: str, workload=None, **options) -> LengthPredictor:
+    """Build the predictor ``name`` with ``options``; errors list valid names and options.
+
+    With ``workload`` (what the env passes), a predictor with ``calibration`` on is wrapped in
+    a ``CalibratedPredictor`` fitted on that workload's history sample."""
     factory = lookup("predictor", PREDICTORS, name)
+    calibration = options.pop("calibration", name in CALIBRATED_BY_DEFAULT)
+    if name == "oracle" and calibration not in (False, None):
+        raise ConfigError("predictor 'oracle' is exact: calibration must be false or left out")
+    cal = as_calibration(calibration)
     params = inspect.signature(factory).parameters
     if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        reject_unknown(f"predictor {name!r}", options, params)
-    return factory(**options)
+        reject_unknown(f"predictor {name!r}", options, tuple(params) + ("calibration",))
+    base = factory(**options)
+    if cal is None or workload is None:
+        return base
+    try:   # envs are built often (vector envs, workers, tests): fit each table once per process
+        key = (name, repr(sorted(options.items())), workload, cal)
+        hash(key)
+    except TypeError:
+        return CalibratedPredictor.on_workload(base, workload, cal)
+    if key not in _TABLES:
+        if len(_TABLES) >= 64:
+            _TABLES.clear()
+        _TABLES[key] = CalibratedPredictor.on_workload(base, workload, cal)
+    hit = _TABLES[key]
+    return CalibratedPredictor(base, hit.table, hit.task_names)
+
+
+_TABLES: dict = {}
+"""Fitted calibrations by (predictor, options, workload, calibration config): deterministic
+functions of the key, so sharing them changes no result."""

@@ -88,7 +88,7 @@ class RequestTable:
     def __init__(self, arrival_s, prompt_tokens, decode_tokens, pred_decode_tokens,
                  task_id=None, prompt_bucket=None, decode_bucket=None, inv_ideal_s=None,
                  prefix_hashes=None, hash_block_tokens=0, ttft_deadline_s=None,
-                 tbt_deadline_s=None, count_slo=False):
+                 tbt_deadline_s=None, count_slo=False, pred_upper_tokens=None):
         n = len(arrival_s)
         self.n = n
         # Prefix caching: per request a tuple of chained block hash ids (id i names the prompt's
@@ -104,6 +104,11 @@ class RequestTable:
         self.prompt: list[int] = [int(x) for x in prompt_tokens]
         self.decode: list[int] = [int(x) for x in decode_tokens]
         self.pred: list[float] = [max(1.0, float(x)) for x in pred_decode_tokens]
+        # An upper quantile of each prediction (calibrated predictors; ``predictor/calibration.py``),
+        # for routers that hedge on uncertainty; the point prediction where none is stated.
+        self.pred_hi: list[float] = (list(self.pred) if pred_upper_tokens is None else
+                                     [max(p, float(x)) for p, x in zip(self.pred, pred_upper_tokens)])
+        assert len(self.pred_hi) == n, "one upper prediction per request"
         self.task_id: list[int] = [0] * n if task_id is None else [int(x) for x in task_id]
         self.prompt_bucket: list[int] = [0] * n if prompt_bucket is None else [int(x) for x in prompt_bucket]
         self.decode_bucket: list[int] = [0] * n if decode_bucket is None else [int(x) for x in decode_bucket]

@@ -14,6 +14,8 @@ permutations when an episode is larger than the split); arrivals come from a syn
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
@@ -125,6 +127,12 @@ class CorpusWorkload:
     def row_filters(self) -> RowFilterReport:
         """What ``task_filter`` and the token caps removed from the split (``filters.py``)."""
         return self._rows.report
+
+    def calibration_sample(self, rng: np.random.Generator, num_requests: int) -> RequestBatch:
+        """History for a predictor's calibration: the training split (all rows with split=all)."""
+        if self.split == "test":
+            return dataclasses.replace(self, split="train").sample(rng, num_requests)
+        return self.sample(rng, num_requests)
 
     def sample(self, rng: np.random.Generator, num_requests: int) -> RequestBatch:
         check_int("num_requests", num_requests, 0)

@@ -69,7 +69,7 @@ def _pop_arrivals(options: dict, default: ArrivalProcess | None) -> ArrivalProce
 _TASK_MIX_KEYS = ("weights", "max_prompt_tokens", "max_context_tokens", "heavy_decode_tokens",
                   "tasks", "length_scale")
 _TRACE_KEYS = ("path", "rate_scale", "start", "max_prompt_tokens", "max_context_tokens",
-               "zero_tokens", "task_name")
+               "zero_tokens", "task_name", "split", "test_fraction")
 _ARRIVAL_OPTION_NAMES = _ARRIVAL_KEYS + ("arrivals",)
 
 

@@ -14,12 +14,20 @@ room in ``max_context_tokens`` are dropped before windowing (their arrival simpl
 happen); decode is clipped to the context left after the prompt, as a server stops generating
 at its context limit. ``row_filters`` counts both, by reason (``filters.RowFilterReport``).
 
+Splits (``split``: "all", "train", "test"; ``test_fraction``) hold rows out of tuning, fixed by
+the file alone: a timestamped trace's last ``test_fraction`` of rows in time are ``test`` (the
+future a router trained on the past meets); a length-only file's ``test`` rows are a fixed
+pseudo-random share (``split_rows``). The split is taken on the file's rows before the caps,
+so changing a cap never moves a row across it. ``calibration_sample`` draws from the training
+rows: a predictor is calibrated on the past, never on the episodes it is judged on.
+
 Parsing is cached per (file, size, mtime, format, zero policy) in-process, so resetting an
 environment never re-reads a 30k-row file.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -34,6 +42,23 @@ from ..limits import MAX_TOKENS, MIN_RATE_RPS
 from .arrivals import START_CHOICES, ArrivalProcess, trace_window
 from .batch import RequestBatch
 from .filters import RowFilterReport, cap_rows
+
+
+SPLITS = ("all", "train", "test")
+SPLIT_SEED = 7919
+"""Seed of the fixed permutation that splits length-only files (the file decides, not a run)."""
+
+
+def split_rows(num_rows: int, timestamped: bool, split: str, test_fraction: float) -> np.ndarray:
+    """Boolean mask of the rows of ``split`` among ``num_rows`` file rows (see the module doc)."""
+    if split == "all":
+        return np.ones(num_rows, dtype=bool)
+    n_test = int(round(test_fraction * num_rows))
+    if timestamped:
+        test = np.arange(num_rows) >= num_rows - n_test
+    else:
+        test = np.random.default_rng(SPLIT_SEED).permutation(num_rows) < n_test
+    return test if split == "test" else ~test
 
 
 @lru_cache(maxsize=32)
@@ -88,10 +113,16 @@ class TraceWorkload:
     """Name of the single task of a one-application trace (default: the file's stem)."""
     dataset: str | None = None
     """The registered dataset ``path`` holds (``data.DATASETS``); None for a file of your own."""
+    split: str = "all"
+    """Which rows episodes come from: "all", "train" or "test" (``split_rows``)."""
+    test_fraction: float = 0.3
+    """Share of the file's rows in the ``test`` split, in (0, 1)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", str(self.path))
         check_choice("format", self.format, TRACE_FORMATS)
+        check_choice("split", self.split, SPLITS)
+        check_range("test_fraction", self.test_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
         check_range("rate_scale", self.rate_scale, MIN_RATE_RPS)
         check_choice("start", self.start, START_CHOICES)
         if self.zero_tokens is not None:
@@ -129,17 +160,29 @@ class TraceWorkload:
     def _rows(self) -> _Rows:
         d = self.data
         zero = {"zero_tokens": d.dropped_zero_rows} if d.dropped_zero_rows else {}
+        arrival, prompt, decode, task = d.arrival_s, d.prompt_tokens, d.decode_tokens, d.task_id
+        hashes, source = d.prefix_hashes, self.path
+        if self.split != "all":   # the split's rows only: the report counts within the split
+            part = np.flatnonzero(split_rows(len(d), d.has_timestamps, self.split, self.test_fraction))
+            arrival = None if arrival is None else arrival[part]
+            prompt, decode, task = prompt[part], decode[part], task[part]
+            hashes = None if hashes is None else tuple(hashes[i] for i in part)
+            source = f"{self.path} (split {self.split})"
         keep, decode, report = cap_rows(
-            self.path, d.prompt_tokens, d.decode_tokens, np.ones(len(d), dtype=bool),
+            source, prompt, decode, np.ones(len(prompt), dtype=bool),
             self.max_prompt_tokens, self.max_context_tokens, zero, rows_before=d.dropped_zero_rows)
         if keep.all():
-            return _Rows(d.arrival_s, d.prompt_tokens, decode, d.task_id, 0, d.prefix_hashes,
-                         report)
-        arrival = None if d.arrival_s is None else d.arrival_s[keep]
-        hashes = None if d.prefix_hashes is None else tuple(
-            h for h, k in zip(d.prefix_hashes, keep) if k)
-        return _Rows(arrival, d.prompt_tokens[keep], decode[keep], d.task_id[keep],
-                     int((~keep).sum()), hashes, report)
+            return _Rows(arrival, prompt, decode, task, 0, hashes, report)
+        arrival = None if arrival is None else arrival[keep]
+        hashes = None if hashes is None else tuple(h for h, k in zip(hashes, keep) if k)
+        return _Rows(arrival, prompt[keep], decode[keep], task[keep], int((~keep).sum()), hashes,
+                     report)
+
+    def calibration_sample(self, rng: np.random.Generator, num_requests: int) -> RequestBatch:
+        """History for a predictor's calibration: the training rows (all rows without a split)."""
+        if self.split == "test":
+            return dataclasses.replace(self, split="train").sample(rng, num_requests)
+        return self.sample(rng, num_requests)
 
     @property
     def row_filters(self) -> RowFilterReport:
