@@ -14,6 +14,7 @@ from .._validate import (ConfigError, check_bool, check_choice, check_int, check
                          reject_unknown)
 from ..limits import (MAX_ARRIVAL_S, MAX_REQUESTS, MAX_TOKENS,
                       MIN_DECISION_INTERVAL_S, MIN_RATE_RPS)
+from ..predictor.registry import DEFAULT_PREDICTOR
 from ..routers.mixing import MixingParams
 from ..sim.clock import DEFAULT_DECISION_INTERVAL_S
 from ..sim.config import EngineConfig, resolve_instances
@@ -275,8 +276,10 @@ class EnvConfig:
     ``[{"preset": "llama2-7b-a100", "count": 2}, {"preset": "llama2-7b-v100", "count": 2}]``);
     options a group leaves out come from ``engine``. Stored expanded, one ``EngineConfig`` per
     instance. None: ``num_instances`` copies of ``engine``."""
-    predictor: Any = "oracle"
-    """A predictor name, a dict ``{name: ..., **options}``, or a LengthPredictor."""
+    predictor: Any = field(default_factory=lambda: dict(DEFAULT_PREDICTOR))
+    """A predictor name, a dict ``{name: ..., **options}``, or a LengthPredictor. Default: the
+    deployable ``predictor.registry.DEFAULT_PREDICTOR`` (noisy at the paper's 79%, calibrated);
+    ``"oracle"`` is the clairvoyant reference (package 0.6.0 and before: the default)."""
     reward: Any = None
     obs: Any = None
     action: Any = None

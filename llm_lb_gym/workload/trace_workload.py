@@ -178,6 +178,15 @@ class TraceWorkload:
         return _Rows(arrival, prompt[keep], decode[keep], task[keep], int((~keep).sum()), hashes,
                      report)
 
+    @property
+    def mean_rate_rps(self) -> float | None:
+        """Mean arrival rate of the rows kept (recorded times, before ``rate_scale``); None for a
+        length-only file. What a condition's load divides by (``suite/condition.py``)."""
+        t = self._rows.arrival_s
+        if t is None or len(t) < 2 or t[-1] <= t[0]:
+            return None
+        return float((len(t) - 1) / (t[-1] - t[0]))
+
     def calibration_sample(self, rng: np.random.Generator, num_requests: int) -> RequestBatch:
         """History for a predictor's calibration: the training rows (all rows without a split)."""
         if self.split == "test":
