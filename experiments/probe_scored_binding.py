@@ -72,8 +72,9 @@ def main(argv=None) -> None:
     points = json.loads(args.points) if args.points else POINTS
     seeds = _seeds(args.seeds)
     t0 = time.perf_counter()
-    with Episodes(kw, args.workers) as eps:
-        ref, rr = eps.table("late_binding", lb, seeds), eps.table("round_robin", {}, seeds)
+    pairs = [(kw, s) for s in seeds]
+    with Episodes(args.workers) as eps:
+        ref, rr = eps.table("late_binding", lb, pairs), eps.table("round_robin", {}, pairs)
         e_ref = np.array([r["mean_e2e_s"] for r in ref])
         e_rr = np.array([r["mean_e2e_s"] for r in rr])
         print(f"late_binding {lb}: mean E2E {e_ref.mean():.3f} s ({100 * np.mean(e_ref / e_rr - 1):+.2f}% "
@@ -82,7 +83,7 @@ def main(argv=None) -> None:
               f"seeds {seeds[0]}..{seeds[-1]}", flush=True)
         print("| point | vs late_binding (95% CI) | SD per episode | p99 E2E (s) | SLO met (%) |\n|---|---|---|---|---|")
         for name, change in points.items():
-            res = eps.table("scored_binding", {**start, **change}, seeds)
+            res = eps.table("scored_binding", {**start, **change}, pairs)
             x = 100.0 * np.log(np.array([r["mean_e2e_s"] for r in res]) / e_ref)
             mean, half = paired_difference(x, np.zeros_like(x))
             print(f"| {name} | {mean:+.2f} ± {half:.2f}% | {x.std(ddof=1) if len(x) > 1 else math.nan:.2f} | "

@@ -19,6 +19,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
              "sklearn", "tqdm"),
     "plot": ("matplotlib",),
     "serve": ("starlette", "uvicorn", "aiohttp", "prometheus_client"),
+    "ray": ("ray",),
 }
 """Extra -> the top-level modules it installs (import names, as ``find_spec`` takes them)."""
 

@@ -136,8 +136,8 @@ def test_predictor_group_composes_and_builds(option):
     spec = to_container(cfg.predictor)
     name = spec.pop("name")
     assert name in PREDICTORS
-    params = inspect.signature(PREDICTORS[name]).parameters
-    assert set(spec) <= set(params), f"predictor={option}: unknown options {set(spec) - set(params)}"
+    params = set(inspect.signature(PREDICTORS[name]).parameters) | {"calibration"}   # every predictor's
+    assert set(spec) <= params, f"predictor={option}: unknown options {set(spec) - params}"
     if name in MODEL_PREDICTORS:
         return
     path = spec.get("path")

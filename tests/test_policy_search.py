@@ -45,6 +45,42 @@ def test_every_lever_changes_the_episode(lever):
     assert outcome(env, "scored_binding", **{**sb, **lever}) != outcome(env, "scored_binding", **sb)
 
 
+def test_hedge_reserves_more_where_the_predictor_is_unsure():
+    """Direction: hedge 1 counts the upper quantile, so every need is >= hedge 0's, strictly for
+    some; with the oracle (upper = true length) it changes nothing."""
+    env = LLMClusterEnv(**{**ENV, "predictor": {"name": "noisy", "accuracy": 0.7}})
+    env.reset(seed=1)
+    tb = env.cluster.table
+    base = make_router("scored_binding", reserve_frac=1.0)
+    hedged = make_router("scored_binding", reserve_frac=1.0, hedge=1.0)
+    needs0 = [base.need_blocks(env.cluster, r) for r in range(tb.n)]
+    needs1 = [hedged.need_blocks(env.cluster, r) for r in range(tb.n)]
+    assert all(b >= a for a, b in zip(needs0, needs1)) and needs1 != needs0
+    bs = env.cluster.engines[0].bs
+    r = max(range(tb.n), key=lambda i: tb.pred_hi[i] - tb.pred[i])
+    assert needs1[r] == min(-(-(tb.prompt[r] + tb.pred_hi[r]) // bs), env.cluster.engines[0].total_blocks
+                            - env.cluster.engines[0].watermark)
+    orc = LLMClusterEnv(**{**ENV, "arrival_rate_rps": 30.0, "predictor": "oracle"})
+    sb = {**ScoredBindingOptions.from_late_binding(LB).as_dict()}
+    assert outcome(orc, "scored_binding", **{**sb, "hedge": 1.0}) == outcome(orc, "scored_binding", **sb)
+
+
+def test_max_hold_bounds_the_router_wait():
+    """Direction: with a KV gate that holds requests for long (room_margin 0.6), max_hold_s
+    caps every request's router wait at the bound plus one decision interval."""
+    env = LLMClusterEnv(**{**ENV, "arrival_rate_rps": 30.0})
+    sb = {**ScoredBindingOptions.from_late_binding(LB).as_dict(), "room_margin": 0.6}
+    free = rollout_router(env, make_env_router("scored_binding", env, **sb), 3).metrics
+    assert free["max_router_wait_s"] > 2.0
+    held = rollout_router(env, make_env_router("scored_binding", env, **{**sb, "max_hold_s": 0.5}), 3).metrics
+    assert held["max_router_wait_s"] <= 0.5 + env.cfg.decision_interval_s + 1e-9
+    assert held["completed"] + held["rejected"] == ENV["num_requests"]
+    with pytest.raises(ConfigError, match=r"router\.scored_binding\.max_hold_s"):
+        ScoredBindingOptions(max_hold_s=0.0)
+    with pytest.raises(ConfigError, match=r"router\.scored_binding\.hedge"):
+        ScoredBindingOptions(hedge=-0.1)
+
+
 def test_options_are_validated_with_named_errors():
     with pytest.raises(ConfigError, match=r"router\.scored_binding\.reserve_frac"):
         ScoredBindingOptions(reserve_frac=1.5)
@@ -92,9 +128,10 @@ def test_tiny_search_is_deterministic_and_never_worse_than_its_start():
     assert a["best_options"] == b["best_options"]
     assert len(a["history"]) == 2
     # Replayed independently on the validation seeds: the kept point is no worse than the start.
-    with ps.Episodes(ENV, 1) as eps:
-        start = eps.table(ps.ROUTER, a["start_options"].as_dict(), cfg.validation_seeds)
-        best = eps.table(ps.ROUTER, a["best_options"].as_dict(), cfg.validation_seeds)
+    with ps.Episodes(1) as eps:
+        pairs = [(ENV, s) for s in cfg.validation_seeds]
+        start = eps.table(ps.ROUTER, a["start_options"].as_dict(), pairs)
+        best = eps.table(ps.ROUTER, a["best_options"].as_dict(), pairs)
     assert ps.objective(cfg, best, start, None) == pytest.approx(a["best_val_objective"])
     assert a["best_val_objective"] <= 0.0 == ps.objective(cfg, start, start, None)
     c = ps.policy_search(ENV, ps.SearchConfig(**{**TINY, "seed": 6}), log=lambda *_: None)
@@ -110,10 +147,41 @@ def test_entry_point_runs_tiny_and_saves_options_evaluate_can_use(tmp_path):
     over = ["experiment=[v100_near_capacity,debug]", "search.generations=1", "search.population=2",
             "search.seeds_per_generation=1", "search.validation_seeds=[500]", "search.workers=1",
             "test.episodes=2", "progress=false"]
-    with pytest.raises(ConfigError, match=r"unknown search option\(s\): generation; allowed: generations"):
+    with pytest.raises(ConfigError, match=r"unknown search option\(s\): generation; allowed: .*generations"):
         search_config(compose("policy_search", over + ["+search.generation=3"]))
     res = search(compose("policy_search", over), out=tmp_path)
     saved = yaml.safe_load((tmp_path / "scored_binding.yaml").read_text())["scored_binding"]
     assert ScoredBindingOptions(**saved) == ScoredBindingOptions(**res["summary"]["found_options"])
     assert set(res["summary"]["change_vs_each_pct"]) == {"round_robin", "least_requests", "late_binding"}
     assert (tmp_path / "search_summary.json").exists() and (tmp_path / "test" / "results.csv").exists()
+
+
+def test_search_over_conditions_is_deterministic_and_constrained():
+    """conditions=train_synthetic: pairs drawn from the space, the same history whatever the
+    worker count; the constrained objective is the E2E log ratio vs round robin plus the
+    violation, checked here on the validation episodes by hand."""
+    cfg = dict(TINY, conditions="train_synthetic", conditions_per_generation=2, validation_episodes=2,
+               objective="constrained", params=("growth_frac", "hedge", "max_hold_s"), generations=1)
+    small = {"requests_per_instance": 30}
+    import dataclasses
+
+    import llm_lb_gym.suite.suites as suites
+    orig = suites.TRAIN_SYNTHETIC
+    suites.TRAIN_SYNTHETIC = dataclasses.replace(orig, **small)
+    try:
+        a = ps.policy_search({}, ps.SearchConfig(**cfg), log=lambda *_: None)
+        b = ps.policy_search({}, ps.SearchConfig(**{**cfg, "workers": 2}), log=lambda *_: None)
+        strip = lambda h: [{k: v for k, v in row.items() if k != "wall_s"} for row in h]  # noqa: E731
+        assert strip(a["history"]) == strip(b["history"])
+        sc = ps.SearchConfig(**cfg)
+        pairs = ps.validation_pairs(sc, {})
+        assert len(pairs) == 2 and all(kw["num_requests"] % 30 == 0 for kw, _ in pairs)
+        with ps.Episodes(1) as eps:
+            start = eps.table(ps.ROUTER, a["start_options"].as_dict(), pairs)
+            rr = eps.table("round_robin", {}, pairs)
+        e = np.array([r["mean_e2e_s"] for r in start]) / np.array([r["mean_e2e_s"] for r in rr])
+        by_hand = 100 * np.mean(np.log(e)) + np.mean(ps.constraint_violation(start, rr))
+        assert ps.objective(sc, start, start, rr) == pytest.approx(by_hand)
+        assert a["best_val_objective"] <= by_hand + 1e-9
+    finally:
+        suites.TRAIN_SYNTHETIC = orig

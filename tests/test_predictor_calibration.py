@@ -104,11 +104,17 @@ def test_calibration_option_errors():
         make_predictor("noisy", accuracy=0.8, calibration={"quantile": 1.0})
     with pytest.raises(ConfigError, match="must be true, false or a dict"):
         make_predictor("noisy", accuracy=0.8, calibration="yes")
+
+
+def test_a_batch_of_its_own_matches_tasks_by_name_and_pools_unknown_ones():
     mix = make_workload("task_mix")
     cal = make_predictor("noisy", workload=mix, accuracy=0.8)
-    other = RequestBatch.from_arrays([0.0], [10], [10], [0], ("chat",))
-    with pytest.raises(ConfigError, match="differ from the history"):
-        cal.predict(other, np.random.default_rng(0))
+    names = cal.task_names
+    other = RequestBatch.from_arrays([0.0, 0.1], [10, 10], [10, 10], [0, 1], ("chat", names[2]))
+    p = cal.predict(other, np.random.default_rng(0))
+    exp_pooled = cal.table.pooled[0]
+    assert p.tokens[0] == exp_pooled[p.bucket[0]]                 # 'chat': unknown, pooled cell
+    assert p.tokens[1] == cal.table.expected[2, p.bucket[1]]      # matched by name
 
 
 def test_split_rows_fixed_disjoint_and_covering():

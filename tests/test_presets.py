@@ -43,7 +43,7 @@ def test_keywords_override_the_preset_key_by_key():
         "name": "azure_conv", "rate_scale": 5.0, "start": "random"}
     assert apply_preset("near_capacity", {"predictor": {"name": "oracle"}})["predictor"] == {"name": "oracle"}
     assert apply_preset("near_capacity", {"predictor": {"accuracy": 0.5}})["predictor"] == {
-        "name": "noisy", "accuracy": 0.5}
+        **PREDICTOR, "accuracy": 0.5}
     # a mixed cluster sizes itself
     mixed = apply_preset("near_capacity", {"instances": [{"preset": "llama2-7b-v100", "count": 2}]})
     assert "num_instances" not in mixed

@@ -15,13 +15,14 @@ each preset as the config ``/preset/<name>``; ``conf/experiment/<experiment>.yam
 its defaults), so ``gym.make`` and ``llm-lb-gym evaluate experiment=...`` simulate the same
 cluster, traffic and reward discount (``tests/test_presets.py`` checks it episode by episode).
 
-Two things are a newcomer's defaults, not the regime's, so the experiments keep their own Hydra
-groups for them: the predictor, ``PREDICTOR`` (deployable: the noisy predictor at the paper's
-measured accuracy; the oracle sees every request's true output length, which no deployment has,
-and a newcomer's first numbers should not rest on it), and the reward, ``REWARD`` (requests in
-the system x seconds: the undiscounted return is minus the sum of the episode's E2E latencies,
-the metric routers are compared on; the paper's slowdown-weighted reward with its completion
-bonus and guidance stays ``LLMCluster-v0``'s and the paper experiments').
+Two things are a newcomer's defaults, not the regime's: the predictor, ``PREDICTOR`` (the env's
+deployable default, the noisy predictor at the paper's measured accuracy, calibrated, which the
+Hydra entry points' default group ``conf/predictor/noisy.yaml`` mirrors; the oracle sees every
+request's true output length, which no deployment has, and a newcomer's first numbers should
+not rest on it: ``predictor="oracle"`` is the clairvoyant reference), and the reward, ``REWARD``
+(requests in the system x seconds: the undiscounted return is minus the sum of the episode's
+E2E latencies, the metric routers are compared on; the paper's slowdown-weighted reward with its
+completion bonus and guidance stays ``LLMCluster-v0``'s and the paper experiments').
 """
 
 from __future__ import annotations
@@ -31,11 +32,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .._validate import check_choice
+from ..predictor.registry import DEFAULT_PREDICTOR
 
-PREDICTOR: Mapping[str, Any] = {"name": "noisy", "accuracy": 0.79}
-"""Every preset's output-length predictor: the true bucket with probability 0.79 (the paper's
-DistilBERT test accuracy, 79.15%), else another bucket. A deployable reference, not the oracle;
-change it here and every preset follows."""
+PREDICTOR: Mapping[str, Any] = DEFAULT_PREDICTOR
+"""Every preset's output-length predictor: the env's default (``predictor.registry.
+DEFAULT_PREDICTOR``: the true completion-time bucket with probability 0.79, the paper's DistilBERT
+test accuracy, else another bucket, calibrated on the workload's history). A deployable
+reference, not the oracle; it is set there, once, for the env, the presets and the settings."""
 
 REWARD: Mapping[str, Any] = {"mode": "baseline", "penalty": "latency", "completion_reward": 0.0}
 """Every preset's reward (``conf/reward/latency.yaml``'s choice): no guidance, the latency penalty,

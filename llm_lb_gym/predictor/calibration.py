@@ -92,6 +92,9 @@ class PredictiveTable:
     counts: np.ndarray
     """History requests behind each cell before pooling (how much evidence it has)."""
     quantile: float
+    pooled: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """Per label over all tasks (expected, upper, probs): for requests of a task the history
+    does not have (a batch given to ``reset`` with tasks of its own)."""
 
     @staticmethod
     def fit(labels, task_id, decode_tokens, scheme: BucketScheme, num_tasks: int,
@@ -126,16 +129,22 @@ class PredictiveTable:
                 counts[t, b] = int(m.sum())
                 e, u, p = cell(m) if counts[t, b] >= cfg.min_cell else pooled[b]
                 expected[t, b], upper[t, b], probs[t, b] = e, u, p
-        return PredictiveTable(expected, upper, probs, counts, q)
+        pool = (np.array([c[0] for c in pooled]), np.array([c[1] for c in pooled]),
+                np.array([c[2] for c in pooled]))
+        return PredictiveTable(expected, upper, probs, counts, q, pool)
 
     def apply(self, bucket, task_id, scheme: BucketScheme) -> Prediction:
+        """Predictions for labels ``bucket`` of requests of history tasks ``task_id`` (-1: a task
+        the history does not have: the label's pooled cell)."""
         bucket = np.asarray(bucket, np.int64)
         t = np.asarray(task_id, np.int64)
-        if len(t) and (t.min() < 0 or t.max() >= self.expected.shape[0]):
-            raise ConfigError(f"predictor calibration knows {self.expected.shape[0]} task(s); the "
-                              f"batch has task ids up to {int(t.max())} (calibrate on the same workload)")
-        return Prediction(bucket=bucket, tokens=self.expected[t, bucket], scheme=scheme,
-                          upper_tokens=self.upper[t, bucket], probs=self.probs[t, bucket])
+        known = t >= 0
+        ti = np.where(known, t, 0)
+        exp_p, up_p, pr_p = self.pooled
+        tokens = np.where(known, self.expected[ti, bucket], exp_p[bucket])
+        upper = np.where(known, self.upper[ti, bucket], up_p[bucket])
+        probs = np.where(known[:, None], self.probs[ti, bucket], pr_p[bucket])
+        return Prediction(bucket=bucket, tokens=tokens, scheme=scheme, upper_tokens=upper, probs=probs)
 
 
 class CalibratedPredictor:
@@ -153,7 +162,8 @@ class CalibratedPredictor:
     def on_workload(base, workload, cfg: CalibrationConfig) -> "CalibratedPredictor":
         """Calibrate ``base`` on ``cfg.requests`` history requests of ``workload``."""
         rng = np.random.default_rng(cfg.seed)
-        draw = getattr(workload, "calibration_sample", None) or workload.sample
+        history_of = _history_workload(workload)
+        draw = getattr(history_of, "calibration_sample", None) or history_of.sample
         history: RequestBatch = draw(rng, cfg.requests)
         labels = base.predict(history, rng).bucket
         table = PredictiveTable.fit(labels, history.task_id, history.decode_tokens, base.scheme,
@@ -161,7 +171,31 @@ class CalibratedPredictor:
         return CalibratedPredictor(base, table, history.task_names)
 
     def predict(self, batch: RequestBatch, rng: np.random.Generator) -> Prediction:
-        if tuple(batch.task_names) != self.task_names:
-            raise ConfigError(f"calibrated predictor: the batch's tasks {list(batch.task_names)} "
-                              f"differ from the history's {list(self.task_names)}")
-        return self.table.apply(self.base.predict(batch, rng).bucket, batch.task_id, self.scheme)
+        labels = self.base.predict(batch, rng).bucket
+        names = tuple(batch.task_names)
+        if names == self.task_names:
+            tasks = batch.task_id
+        else:   # a batch of its own (reset(options={"batch": ...})): match tasks by name
+            index = {n: i for i, n in enumerate(self.task_names)}
+            lut = np.array([index.get(n, -1) for n in names], np.int64)
+            tasks = lut[np.asarray(batch.task_id, np.int64)] if len(names) else batch.task_id
+        return self.table.apply(labels, tasks, self.scheme)
+
+
+def _history_workload(workload):
+    """The workload with its arrival process (or replay speed) set to a plain 1 request/s: the
+    history's lengths are what calibration reads, and a rate the episode may take to an
+    extreme (1e-9 req/s in the long-gap tests) must not push its times past the limits."""
+    import dataclasses
+
+    from ..workload.arrivals import PoissonArrivals
+
+    if not dataclasses.is_dataclass(workload):
+        return workload
+    names = {f.name for f in dataclasses.fields(workload)}
+    changes = {}
+    if "arrivals" in names and getattr(workload, "arrivals") is not None:
+        changes["arrivals"] = PoissonArrivals(1.0)
+    if "rate_scale" in names and getattr(workload, "arrivals", None) is None:
+        changes["rate_scale"] = 1.0
+    return dataclasses.replace(workload, **changes) if changes else workload

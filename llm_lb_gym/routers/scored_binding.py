@@ -15,8 +15,12 @@ vector that ``llm_lb_gym.agents.policy_search`` optimises on whole episodes:
   ``prompt_weight`` trades prompt against decode length, ``age_per_s`` moves from shortest
   first towards oldest first, ``late_penalty`` > 0 sends requests that already missed their
   TTFT deadline to the back (SLO attainment; 0 and ignored without deadlines).
-- **reservation**: a request counts ``prompt + reserve_frac * predicted decode
-  + (1 - reserve_frac) * tokens already generated`` (1: late_binding's ``full``; 0: ``prompt``).
+- **reservation**: a request counts ``prompt + reserve_frac * (predicted decode + hedge *
+  (upper - predicted)) + (1 - reserve_frac) * tokens already generated`` (1: late_binding's
+  ``full``; 0: ``prompt``), where ``upper`` is the predictor's upper quantile of the decode
+  (``table.pred_hi``, ``predictor/calibration.py``): ``hedge`` > 0 reserves more for requests
+  whose length the predictor is unsure of (0: the expected length only; no effect with the
+  oracle, whose upper is the true length).
 - **room**: late_binding's (free KV blocks minus what the instance's waiting requests will
   take) minus ``growth_frac`` x the blocks its running requests' predicted decode will still fill.
 - **release gate**: it goes to an instance only if room - need >= watermark
@@ -26,6 +30,10 @@ vector that ``llm_lb_gym.agents.policy_search`` optimises on whole episodes:
   outstanding tokens / kv_tokens`` (0: late_binding's most room; outstanding tokens = prompt
   still to prefill + predicted decode left, the paper's JSQ measure).
 - rounds (``period_s``, ``rounds``) and the starvation bound (``max_wait_s``): late_binding's.
+- **hold bound** ``max_hold_s``: once the oldest held request has waited longer at the router,
+  it goes out at once, to the instance with the most room among those with a free sequence
+  slot (any instance when none has one), whether it fits or not: the router's wait, and with
+  it the TTFT tail, is bounded by the option (None: no bound but the release guarantee's).
 
 At ``ScoredBindingOptions.from_late_binding(o)`` (all weights 0, reserve_frac 1 or 0) it makes
 exactly late_binding's decisions (tested), so a search started there starts at the teacher.
@@ -104,6 +112,12 @@ class ScoredBindingOptions:
     """Share of an instance's sequence slots the router fills, in (0, 1]."""
     work_weight: float = 0.0
     """Weight of an instance's outstanding tokens against its room (fractions of its KV), in [0, 100]."""
+    hedge: float = 0.0
+    """Share of the gap between the predictor's upper quantile and its expected decode added to
+    a request's reservation, in [0, 1] (0: the expected length)."""
+    max_hold_s: float | None = None
+    """Longest the router holds its oldest request before releasing it regardless of room, in
+    (0, 3600] s; None: no bound of its own."""
 
     def __post_init__(self) -> None:
         p = "router.scored_binding"
@@ -118,6 +132,9 @@ class ScoredBindingOptions:
         check_range(f"{p}.growth_frac", self.growth_frac, 0.0, 1.0)
         check_range(f"{p}.seq_cap_frac", self.seq_cap_frac, 0.0, 1.0, lo_open=True)
         check_range(f"{p}.work_weight", self.work_weight, 0.0, 100.0)
+        check_range(f"{p}.hedge", self.hedge, 0.0, 1.0)
+        if self.max_hold_s is not None:
+            check_range(f"{p}.max_hold_s", self.max_hold_s, 0.0, 3600.0, lo_open=True)
 
     @property
     def order(self) -> str:
@@ -146,10 +163,36 @@ class ScoredBinding(LateBinding):
 
     def need_blocks(self, cluster, rid: int, instance: int = 0) -> int:
         tb, e = cluster.table, cluster.engines[instance]
-        f = self.options.reserve_frac
+        o = self.options
+        f = o.reserve_frac
+        pred = tb.pred[rid]
+        if o.hedge:
+            pred += o.hedge * (tb.pred_hi[rid] - pred)
         # f = 1 or 0 gives late_binding's full / prompt counts exactly (0 * x == 0).
-        tokens = tb.prompt[rid] + f * tb.pred[rid] + (1.0 - f) * tb.o_base[rid]
+        tokens = tb.prompt[rid] + f * pred + (1.0 - f) * tb.o_base[rid]
         return min(math.ceil(tokens / e.bs), e.total_blocks - e.watermark)
+
+    def select_from_queue(self, cluster):
+        cap = self.options.max_hold_s
+        if cap is not None:
+            q = cluster.queue
+            if q and cluster.t - cluster.table.arrival_s[q[0]] > cap:
+                self._require_reset(cluster)
+                return 0, self.overdue_instance(cluster)
+        return super().select_from_queue(cluster)
+
+    def overdue_instance(self, cluster) -> int:
+        """Where a request past ``max_hold_s`` goes: the highest ``instance_value`` among the
+        instances with a free sequence slot (all of them when none has one)."""
+        rooms = self.rooms(cluster)
+        eng = cluster.engines
+        free = [i for i, e in enumerate(eng) if e.B + len(e.prefilling) + e.num_waiting < e.max_seqs]
+        best, best_v = None, None
+        for i in free or range(len(eng)):
+            v = self.instance_value(cluster, rooms[i], i)
+            if best_v is None or v > best_v:
+                best, best_v = i, v
+        return best
 
     def rooms(self, cluster) -> list:
         out = super().rooms(cluster)
