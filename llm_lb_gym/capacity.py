@@ -18,8 +18,8 @@ from .workload.registry import uses_synthetic_arrivals
 CAPACITY_QUANTILES = (0.1, 0.9)
 
 
-def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
-    """Steady-state service capacity (requests/s) of round robin on the env ``kw``.
+def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6, router: str = "round_robin") -> float:
+    """Steady-state service capacity (requests/s) of ``router`` (round robin) on the env ``kw``.
 
     All requests arrive within ``num_requests / rate_rps`` seconds (a timestamped trace is
     replayed ``rate_scale`` = 1e4 times faster instead), so every instance is saturated; the rate
@@ -31,7 +31,7 @@ def capacity_rps(kw: dict, seed: int, rate_rps: float = 1.0e6) -> float:
     if not uses_synthetic_arrivals(workload.get("name", "task_mix"), workload):
         kw["workload"] = {**workload, "rate_scale": 1.0e4}
     env = gym.make("LLMCluster-v0", **kw)
-    rollout_router(env, make_env_router("round_robin", env.unwrapped), seed)
+    rollout_router(env, make_env_router(router, env.unwrapped), seed)
     table = env.unwrapped.cluster.table
     finish = np.sort(table.column("finish_s")[table.column("status") == Status.FINISHED])
     lo, hi = (int(q * (len(finish) - 1)) for q in CAPACITY_QUANTILES)

@@ -8,8 +8,11 @@ fixed suite of conditions they never saw (``suite/suites.py``). A condition name
   ``split``: which of its rows (``"all"``, ``"train"``, ``"test"``; ``TraceWorkload.split`` and
   ``CorpusWorkload.split``, fixed by the file, so training never sees a test row);
 - ``load``: offered rate as a multiple of the cluster's *measured* capacity for that workload
-  (round robin's completions per second with every instance saturated, ``capacity.capacity_rps``),
-  so "1.2" means the same stress on a V100 cluster and on a mixed one. Timestamped traces keep
+  (``least_requests``' completions per second with every instance saturated,
+  ``capacity.capacity_rps``: on identical instances the same as round robin's; on a mixed
+  cluster it splits by speed where round robin is held to the slowest instance's pace: 50.3
+  vs 38.7 req/s on 2 A100 + 2 V100), so "1.2" means the same stress on a V100 cluster and on
+  a mixed one. Timestamped traces keep
   their burstiness and are replayed faster or slower (``rate_scale``) to reach the load on average;
 - ``accuracy``: the deployable predictor's accuracy (the calibrated noisy predictor of
   ``predictor.registry.DEFAULT_PREDICTOR`` at that accuracy), or None for the oracle, which is
@@ -27,6 +30,9 @@ from functools import lru_cache
 
 from .._validate import ConfigError, check_choice, check_int, check_range
 from ..predictor.registry import DEFAULT_PREDICTOR
+
+CAPACITY_ROUTER = "least_requests"
+"""Whose saturated throughput a load factor divides by (module doc)."""
 
 CONTEXT_CAP_TOKENS = 4096
 """Rows whose prompt fills Llama-2's 4,096-token window are dropped and outputs clipped to it
@@ -145,13 +151,13 @@ def missing_data(cond: Condition) -> str | None:
 
 @lru_cache(maxsize=None)
 def measured_capacity_rps(workload: str, split: str, cluster: str, num_requests: int) -> float:
-    """Round robin's saturated throughput on the cluster for the workload (oracle lengths do not
-    matter to round robin; seed 0), cached per process."""
+    """least_requests' saturated throughput on the cluster for the workload (it reads no
+    predictions; seed 0), cached per process."""
     from ..capacity import capacity_rps
 
     c = Condition(workload, split, cluster=cluster)
     kw = {**c.base_kwargs(), "num_requests": num_requests, "predictor": "oracle"}
-    return capacity_rps(kw, seed=0)
+    return capacity_rps(kw, seed=0, router=CAPACITY_ROUTER)
 
 
 @lru_cache(maxsize=None)
