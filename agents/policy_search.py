@@ -144,6 +144,18 @@ class SearchConfig:
     def dim(self) -> int:
         return len(self.params)
 
+    @classmethod
+    def from_options(cls, opts: dict) -> "SearchConfig":
+        """From a plain dict (a Hydra ``search`` node): unknown keys are named, lists become tuples."""
+        from llm_lb_gym._validate import reject_unknown
+
+        opts = dict(opts)
+        reject_unknown("search", opts, [f.name for f in fields(cls)])
+        for key in ("params", "validation_seeds"):
+            if key in opts:
+                opts[key] = tuple(opts[key])
+        return cls(**opts)
+
 
 def start_options(start: dict) -> ScoredBindingOptions:
     """The search's start point as scored_binding options (from late_binding's or its own)."""

@@ -23,7 +23,6 @@ require("rl", "llm-lb-gym policy_search")
 
 import json
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -39,14 +38,8 @@ NAME = "scored_binding"
 
 def search_config(cfg):
     from llm_lb_gym.agents.policy_search import SearchConfig
-    from llm_lb_gym._validate import reject_unknown
 
-    opts = to_container(cfg.search)
-    reject_unknown("search", opts, [f.name for f in fields(SearchConfig)])
-    for key in ("params", "validation_seeds"):
-        if key in opts:
-            opts[key] = tuple(opts[key])
-    return SearchConfig(**opts)
+    return SearchConfig.from_options(to_container(cfg.search))
 
 
 def test_config(cfg, out: Path, policies: list[str], found: dict):

@@ -82,8 +82,10 @@ def test_only_holding_routers_are_wrapped_and_subclasses_stay_wrapped():
 
     assert not getattr(RoutesAlways.select, "release_bounded", False)
     assert HoldingChild.select.release_bounded and NeverReleases.select.release_bounded
-    # scored_binding inherits late_binding's wrapped methods (not wrapped twice).
-    assert ScoredBinding.select_from_queue is LateBinding.select_from_queue
+    # scored_binding defines its own select_from_queue (its max_hold_s): wrapped too; the
+    # select it inherits from late_binding is late_binding's wrapped one (not wrapped twice).
+    assert ScoredBinding.select_from_queue.release_bounded
+    assert ScoredBinding.select is LateBinding.select
     for name in ("late_binding", "scored_binding", "max_capacity", "lookahead"):
         cls = type(make_router(name, see_future=True) if name == "lookahead" else make_router(name))
         assert cls.select.release_bounded
