@@ -30,7 +30,7 @@ from llm_lb_gym.experiments._hydra import hydra_main, router_options, run_dir, t
 from llm_lb_gym.experiments._progress import say
 from llm_lb_gym.routers import registry as _routers
 from llm_lb_gym.suite.condition import missing_data
-from llm_lb_gym.suite.report import SuiteResult, aggregate_table, condition_table
+from llm_lb_gym.suite.report import SuiteResult, aggregate_table, condition_table, overview_table
 from llm_lb_gym.suite.runner import PolicySpec, run_episodes
 from llm_lb_gym.suite.suites import Suite, get_suite
 
@@ -120,6 +120,7 @@ def benchmark(cfg, out: Path | None = None, log=say) -> dict:
     if skipped:
         parts += ["Skipped (data not found): " + "; ".join(skipped), ""]
     parts += ["## Aggregate over the conditions", "", aggregate_table(res), "", *res.headline(), "",
+              "## Mean E2E vs round robin (%) per condition", "", overview_table(res), "",
               "## Per condition", ""]
     for c in res.conditions:
         parts += [condition_table(res, c), ""]

@@ -142,3 +142,22 @@ def test_trace_split_episodes_and_calibration(tmp_path):
         TraceWorkload(path=str(f), format=fmt, split="held")
     with pytest.raises(ConfigError, match="test_fraction"):
         TraceWorkload(path=str(f), format=fmt, split="test", test_fraction=1.0)
+
+
+def test_observation_feature_pred_upper_is_the_heads_quantile():
+    import gymnasium as gym
+
+    import llm_lb_gym  # noqa: F401
+    env = gym.make("LLMCluster-v0", num_requests=200, obs={"features": ["pred_upper"], "normalize": False})
+    obs, info = env.reset(seed=2)
+    u = env.unwrapped
+    assert u.obs_layout.candidate_dim == 4
+    for _ in range(40):
+        obs, *_rest, info = env.step(u.m)   # defer: the head stays, the clock moves
+        q = u.cluster.queue
+        if q:
+            assert obs[1 + 3] == np.float32(u.cluster.table.pred_hi[q[0]])
+            assert obs[1 + 2] == np.float32(u.cluster.table.pred[q[0]])
+            break
+    else:
+        pytest.fail("no queued head to look at")

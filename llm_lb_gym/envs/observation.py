@@ -13,6 +13,7 @@ n_p prompt and n_d decode buckets and no extra features it is the paper's 4 + m 
 | | predicted decode tokens | tokens | context length |
 | | (extra) ``age``: time waited at the router | s | time_scale_s |
 | | (extra) ``block_need``: KV blocks of prompt + predicted decode | blocks | KV blocks |
+| | (extra) ``pred_upper``: the predictor's upper quantile of its decode (calibrated predictors: 0.9; else the prediction) | tokens | context length |
 | instance i: | P[i, b]: requests in prompt phase (waiting or prefilling), prompt bucket b | requests | max_num_seqs |
 | | D[i, b]: requests in decode phase, predicted decode bucket b | requests | max_num_seqs |
 | | capacity C[i] = 1 - committed tokens / KV-cache tokens, clipped to [-1, 1] | share | - |
@@ -60,7 +61,7 @@ from ._kernels import kernels_for
 from .config import ObsConfig
 
 GLOBAL_FEATURES = ("arrivals_left",)
-CANDIDATE_FEATURES = ("age", "block_need")
+CANDIDATE_FEATURES = ("age", "block_need", "pred_upper")
 INSTANCE_FEATURES = ("free_kv_blocks", "waiting_blocks", "time_since_route", "cached_prefix", "speed",
                      "kv_size")
 MIXED_CLUSTER_FEATURES = ("speed", "kv_size")
@@ -182,6 +183,7 @@ class ObservationBuilder:
         self.f_arrivals = "arrivals_left" in feats
         self.f_age = "age" in feats
         self.f_need = "block_need" in feats
+        self.f_upper = "pred_upper" in feats
         self.f_free = "free_kv_blocks" in feats
         self.f_wait = "waiting_blocks" in feats
         self.f_since = "time_since_route" in feats
@@ -195,7 +197,7 @@ class ObservationBuilder:
         self.kv_blocks = int(kv_list[big]) // self.block_size
         self.kv_tokens_list = kv_list
         self.inst_block_size = bs_list
-        self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need, self.m,
+        self.layout = ObsLayout(1 + self.f_arrivals, self.k, 3 + self.f_age + self.f_need + self.f_upper, self.m,
                                 self.n_p + self.n_d + 2 + self.f_free + self.f_wait + self.f_since
                                 + self.f_prefix + self.f_speed + self.f_kv + len(self.custom))
         self.per = self.layout.instance_dim
@@ -212,7 +214,7 @@ class ObservationBuilder:
         s_req = 1.0 / num_requests if norm else 1.0
         self.round = cfg.round_decimals
         self._queue_cap = cfg.queue_cap
-        self._cand_extras = self.f_age or self.f_need
+        self._cand_extras = self.f_age or self.f_need or self.f_upper
         self._inst_extras = bool(self.f_free or self.f_wait or self.f_since or self.f_prefix
                                  or self.f_speed or self.f_kv or self.custom)
         self._no_candidate = (0,) * self.layout.candidate_dim
@@ -246,6 +248,8 @@ class ObservationBuilder:
                 add(0.0, _BIG, s_time)
             if self.f_need:
                 add(0.0, context_len * 4 / self.block_size + 1, s_blocks)
+            if self.f_upper:
+                add(0.0, context_len * 4, s_tok)
         self._round_idx = []
         for i in range(self.m):
             s_count = 1.0 / seqs[i] if norm else 1.0
@@ -391,6 +395,8 @@ class ObservationBuilder:
                     vals.append(t - tb.arrival_s[r])
                 if self.f_need:
                     vals.append(-(-(tb.prompt[r] + tb.pred[r]) // bs))
+                if self.f_upper:
+                    vals.append(tb.pred_hi[r])
             else:
                 vals += self._no_candidate
 

@@ -231,3 +231,13 @@ def aggregate_table(res: SuiteResult) -> str:
             f"| {'yes' if r['suite_meets'] else 'no'} | {r['wins']} / {r['ties']} / {r['losses']} "
             f"| {'n/a' if worst is None else f'{worst:+.1f}'} |")
     return "\n".join(lines)
+
+
+def overview_table(res: SuiteResult, key: str = "change") -> str:
+    """A policy per row, a condition per column: the change of mean E2E vs round robin (%)."""
+    head = "| policy | " + " | ".join(res.conditions) + " |"
+    lines = [head, "|" + "---|" * (len(res.conditions) + 1)]
+    for p in res.policies:
+        cells = [f"{pct(res.change(c, p)[0]):+.1f}" for c in res.conditions]
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -147,7 +147,15 @@ SMOKE = Suite("smoke", (
 ), seeds=2)
 """Two tiny task-mix conditions: tests and a first look (seconds)."""
 
-SUITES: dict[str, Suite] = {s.name: s for s in (HELDOUT, SYNTHETIC, SMOKE)}
+ACCURACIES = (0.5, 0.6, 0.7, 0.79, 0.9, 1.0, None)
+ACCURACY = Suite("accuracy", tuple(
+    Condition(w, split, load=1.4, accuracy=a, cluster=_V)
+    for w, split in (("task_mix", "all"), ("corpus", "test")) for a in ACCURACIES), seeds=5)
+"""How routers degrade as predictor accuracy falls (0.5-1.0, and the oracle as the clairvoyant
+reference): the task mix (inside the training distribution's workloads) and the corpus's
+held-out prompts, at 1.4x on 4 V100s. A characterisation, not a held-out result."""
+
+SUITES: dict[str, Suite] = {s.name: s for s in (HELDOUT, SYNTHETIC, SMOKE, ACCURACY)}
 
 
 def get_suite(name: str) -> Suite:
