@@ -22,12 +22,17 @@ from __future__ import annotations
 
 from llm_lb_gym.extras import require
 
-require("rl", "llm-lb-gym robust", modules=("hydra", "omegaconf"))
+require("rl", "llm-lb-gym robust")
 
 import json
 import time
 from pathlib import Path
 
+import yaml
+from omegaconf import OmegaConf
+
+from llm_lb_gym.agents.policy_search import SearchConfig, policy_search
+from llm_lb_gym.experiments._benchmark import benchmark, policies, suite_of
 from llm_lb_gym.experiments._hydra import hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
 
@@ -44,8 +49,6 @@ def robust(cfg, out: Path | None = None, log=say) -> dict:
     import yaml
     from omegaconf import OmegaConf
 
-    from llm_lb_gym.agents.policy_search import SearchConfig, policy_search
-    from llm_lb_gym.experiments.benchmark import benchmark, policies, suite_of
 
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)

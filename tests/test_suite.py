@@ -27,7 +27,7 @@ def test_condition_errors_name_the_option_and_allowed_values():
         Condition("task_mix", accuracy=1.2)
     with pytest.raises(ConfigError, match="condition.cluster.*allowed.*4xV100"):
         Condition("task_mix", cluster="4xH200")
-    with pytest.raises(ConfigError, match="unknown suite 'held'; allowed: heldout"):
+    with pytest.raises(ConfigError, match="unknown suite 'held'; allowed: accuracy, heldout, smoke, synthetic"):
         get_suite("held")
 
 
