@@ -141,3 +141,32 @@ def test_benchmark_checks_its_options_before_any_episode(tmp_path, override, mat
     with pytest.raises(ConfigError, match=match):
         benchmark(cfg, out=tmp_path, log=lambda *_: None)
     assert not (tmp_path / "results.csv").exists()
+
+
+def test_condition_env_draws_conditions_with_fixed_spaces():
+    import dataclasses
+
+    from gymnasium.utils.env_checker import check_env
+
+    from llm_lb_gym.suite.env import ConditionEnv
+    from llm_lb_gym.suite.suites import TRAIN_SYNTHETIC
+
+    space = dataclasses.replace(TRAIN_SYNTHETIC, requests_per_instance=20)
+    env = ConditionEnv(space, num_instances=4)
+    assert "speed" in env.env_options["obs"]["features"]       # the mixed 2+2 cluster is drawn too
+    names = []
+    for s in range(6):
+        obs, info = env.reset(seed=s)
+        assert env.observation_space.contains(obs)
+        names.append(info["condition"])
+    assert len(set(names)) > 1
+    again = ConditionEnv(space, num_instances=4)
+    assert [again.reset(seed=s)[1]["condition"] for s in range(6)] == names
+    o1, _ = env.reset(seed=3)
+    o2, _ = again.reset(seed=3)
+    assert np.array_equal(o1, o2)
+    check_env(ConditionEnv(space, num_instances=2), skip_render_check=True)
+    with pytest.raises(ConfigError, match="num_instances=3; allowed: 2, 4, 8"):
+        ConditionEnv(space, num_instances=3)
+    with pytest.raises(ConfigError, match="env_options.workload is set by each condition"):
+        ConditionEnv(space, env_options={"workload": "task_mix"})

@@ -39,7 +39,9 @@ class ConditionSpace:
     """(cluster, weight)."""
     load: tuple[float, float] = (0.8, 1.5)
     accuracy: tuple[float, float] = (0.6, 0.95)
-    requests_per_instance: int = 500
+    requests_per_instance: int = 300
+    """Training episodes are shorter than the held-out suite's (500 per instance): a search plays
+    thousands of them on 2 cores, and a router that only works at one episode length is not robust."""
 
     def __post_init__(self) -> None:
         for w, split, weight in self.workloads:

@@ -1,0 +1,93 @@
+"""An env whose every episode is a fresh condition: training over a distribution, for RL and imitation.
+
+``ConditionEnv(space)`` is ``LLMCluster-v0`` with a twist at ``reset``: it draws a condition
+from a ``ConditionSpace`` (``suite/suites.py``: workload with its training rows, load, predictor
+accuracy, cluster) from its own ``np_random`` and plays that condition's episode. An agent
+trained on it never sees one world only, and never a held-out row.
+
+Spaces must stay fixed for a learner, so the clusters it draws have one instance count
+(``num_instances``; the space's clusters of another size are left out, and it is an error
+when none is left) and, when any drawn cluster is mixed, every episode's observation carries
+the mixed-cluster features (``speed``, ``kv_size``), so a homogeneous episode has the same shape.
+``env_options`` (``obs``, ``action``, ``reward``, ...) apply to every condition. Same seed, same
+sequence of conditions and episodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+
+from .._validate import ConfigError
+from ..envs.cluster_env import LLMClusterEnv
+from ..envs.observation import MIXED_CLUSTER_FEATURES
+from .condition import CLUSTERS, cluster_size
+from .suites import TRAIN, ConditionSpace
+
+
+def _mixed(cluster: str) -> bool:
+    return "instances" in CLUSTERS[cluster]
+
+
+class ConditionEnv(gym.Env):
+    """See the module doc."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, space: ConditionSpace = TRAIN, num_instances: int = 4, env_options: dict | None = None):
+        clusters = tuple((c, w) for c, w in space.clusters if cluster_size(c) == num_instances)
+        if not clusters:
+            sizes = sorted({cluster_size(c) for c, _ in space.clusters})
+            raise ConfigError(f"ConditionEnv: no cluster of the space has num_instances={num_instances}; "
+                              f"allowed: {', '.join(map(str, sizes))}")
+        self.space = dataclasses.replace(space, clusters=clusters)
+        self.env_options = dict(env_options or {})
+        for key in ("num_instances", "instances", "engine", "workload", "predictor", "num_requests",
+                    "arrival_rate_rps"):
+            if key in self.env_options:
+                raise ConfigError(f"ConditionEnv: env_options.{key} is set by each condition; allowed: "
+                                  "obs, action, reward, slo, decision_interval_s, ...")
+        if any(_mixed(c) for c, _ in clusters):
+            obs = dict(self.env_options.get("obs") or {})
+            feats = list(obs.get("features") or ())
+            obs["features"] = tuple(feats + [f for f in MIXED_CLUSTER_FEATURES if f not in feats])
+            self.env_options["obs"] = obs
+        self.condition = self.space.sample(np.random.default_rng(0), 1)[0]
+        self.env = self._build(self.condition)
+        self.episodes = 0      # finished episodes: the guidance weight's k carries across conditions
+        self._ended = False
+        self.observation_space = self.env.observation_space
+        self.action_space = self.env.action_space
+
+    def _build(self, cond) -> LLMClusterEnv:
+        kw = cond.env_kwargs()
+        kw.pop("reward", None)             # the condition's baseline reward is for evaluation only
+        return LLMClusterEnv(**{**kw, **self.env_options})
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.condition = self.space.sample(self.np_random, 1)[0]
+        self.env = self._build(self.condition)
+        assert self.env.observation_space == self.observation_space, "every condition observes alike"
+        options = dict(options or {})
+        if self._ended:         # as LLMClusterEnv: resets with no episode between leave k alone
+            self.episodes += 1
+            self._ended = False
+        options.setdefault("guidance_episode", self.episodes)
+        obs, info = self.env.reset(seed=int(self.np_random.integers(2**31)), options=options)
+        info["condition"] = self.condition.name
+        return obs, info
+
+    def step(self, action):
+        out = self.env.step(action)
+        if out[2] or out[3]:
+            self._ended = True
+        return out
+
+    def action_masks(self) -> np.ndarray:
+        return self.env.action_masks()
+
+    def metrics(self) -> dict:
+        return self.env.metrics()
