@@ -86,3 +86,20 @@ def test_bad_options_are_named():
         RouterRL(env, discount="gamma")
     with pytest.raises(ConfigError, match="RouterRL reward_scale=-1.0; allowed: 'auto' or a number > 0"):
         RouterRL(env, reward_scale=-1.0)
+
+
+def test_wrapped_env_pickles_mid_episode_and_continues_the_same():
+    """SubprocVecEnv and friends pickle envs: the wrapper's scale and its ends' stream travel."""
+    import pickle
+
+    env = RouterRL(gym.make("LLMCluster-v0", **KW, reward={"horizon_s": 0.5}))
+    obs, info = env.reset(seed=5)
+    for _ in range(20):
+        obs, r, term, trunc, info = env.step(int(np.flatnonzero(info["action_mask"])[-1]))
+    twin = pickle.loads(pickle.dumps(env))
+    for _ in range(30):
+        a = env.unwrapped.defer_action
+        one, two = env.step(a), twin.step(a)
+        assert np.array_equal(one[0], two[0]) and one[1:4] == two[1:4]
+        if one[2] or one[3]:
+            break
