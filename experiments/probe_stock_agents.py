@@ -32,6 +32,7 @@ import numpy as np
 import llm_lb_gym
 from llm_lb_gym.envs.presets import preset
 from llm_lb_gym.envs.wrappers import RouterRL
+from llm_lb_gym.experiments._tables import paired_change
 from llm_lb_gym.rollout import make_env_router, rollout_agent, rollout_router
 
 HYPERPARAMS = Path(__file__).resolve().parents[1] / "docs" / "recipes" / "zoo_dqn.yml"
@@ -107,8 +108,6 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    from llm_lb_gym.experiments._tables import paired_change
-
     agent = np.array([r["mean_e2e_s"] for r in rows])
     base = np.array([r["rr_mean_e2e_s"] for r in rows])
     pct, ci = paired_change(agent, base)

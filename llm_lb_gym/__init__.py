@@ -43,9 +43,10 @@ def engine_info() -> dict:
     "compiled" | "python", "reason": why pure (None when compiled), "build_failure": what the
     install's compile said, if it failed}``. The compiled build is about 1.8x faster and gives
     bit-identical results (docs/install.md)."""
+    from .envs._kernels import compiled_kernels
     from .sim._compiled import engine_info as info
 
-    return info()
+    return {"kernels": "compiled" if compiled_kernels() is not None else "python", **info()}
 
 
 __all__ = ["ENV_ID", "ENV_IDS", "__version__", "engine_info"]

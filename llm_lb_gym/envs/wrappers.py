@@ -47,15 +47,20 @@ def round_robin_returns(env, seed: int) -> dict[str, float]:
     ``train.reward_scale: auto`` (``experiments/_training.py``) and ``RouterRL`` use it."""
     import numpy as np
 
-    from ..rollout import make_env_router, router_choice, start_episode, take_choice, watchdog
+    from ..routers.drive import decide, router_rng
+    from ..sim.watchdog import Watchdog
+    from .router_factory import make_env_router
 
+    # The episode as llm_lb_gym.rollout drives a router (rollout sits above the env layer).
     env = env.unwrapped
     router = make_env_router("round_robin", env)
-    start_episode(env, router, seed)
-    check = watchdog(env, "round robin (the reward scale's reference episode)", seed).check
+    env.reset(seed=seed)
+    router.reset(router_rng(seed), env.m)
+    check = Watchdog(env.cluster, f"round robin (the reward scale's reference episode) on seed {seed}").check
     rewards, discounts = [], []
     while True:
-        _, r, term, trunc, info = take_choice(env, router_choice(env, router))
+        choice = decide(env.cluster, router) if env.cluster.queue else None
+        _, r, term, trunc, info = env.route_step(env.m) if choice is None else env.route_step(choice[1], choice[0])
         rewards.append(r)
         discounts.append(info["discount"])
         if term or trunc:

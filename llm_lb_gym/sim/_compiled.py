@@ -115,10 +115,9 @@ def implementation() -> str:
 
 
 def engine_info() -> dict[str, str | None]:
-    """Which simulator engine and env kernels this process runs, and why (``llm_lb_gym.engine_info``)."""
-    from ..envs._kernels import compiled_kernels
-
+    """Which simulator engine this process runs, and why (``llm_lb_gym.engine_info`` adds the
+    env's kernels)."""
     engine = implementation()
-    return {"engine": engine, "kernels": "compiled" if compiled_kernels() is not None else "python",
+    return {"engine": engine,
             "reason": None if engine == "compiled" else (_why_pure[0] if _why_pure else None),
             "build_failure": build_failure()}
