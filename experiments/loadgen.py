@@ -3,12 +3,18 @@
     llm-lb-gym loadgen --routers round_robin,jsq,late_binding --sim-backends 4 --time-scale 4 \\
         --requests 200 -w rate_rps=10
     llm-lb-gym loadgen --url http://127.0.0.1:8000 --requests 100     # one running service
+    llm-lb-gym loadgen --workload azure_conv --routers round_robin,scored_binding \
+        --options-from v100_near_capacity --policy outputs/improve/RUN --requests 400   # a live A/B
 
 With ``--sim-backends N`` each router gets a fresh stack on 127.0.0.1 (N simulated backends
 and one router process, all child processes, stopped afterwards), and every router sees the
 same request sequence (``--seed``): a paired comparison, as ``llm_lb_gym.experiments.evaluate`` pairs
 episodes. The same sequence is also run through the simulator itself with the same router
-(``sim`` rows), so the table shows how far the served cluster and the simulation agree.
+(``sim`` rows), so the table shows how far the served cluster and the simulation agree: each
+served row's last two columns are its mean and p99 E2E against its own simulation.
+``--options-from`` gives the routers a setting's tuned options (as ``serve router``);
+``--policy RUN_DIR`` adds a ``learned`` row: the network of an ``improve`` or ``train`` run,
+served with ``serve router --policy`` and simulated deciding on the simulator's cluster.
 Latencies are in the workload's seconds (wall seconds x time scale). Writes ``results.csv``
 (one row per request and router) and ``summary.md`` in ``--out``.
 """
@@ -38,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--routers", default="round_robin,jsq")
     ap.add_argument("-o", "--option", action="append", default=[],
                     help="router option ROUTER.key=value (repeat)")
+    ap.add_argument("--options-from", default=None,
+                    help="the routers' options from an experiment, options file or directory (serve router's)")
+    ap.add_argument("--policy", default=None, help="an improve or train run: adds a 'learned' row")
     ap.add_argument("--sim-backends", type=int, default=4)
     ap.add_argument("--preset", default="llama2-7b-v100")
     ap.add_argument("--time-scale", type=float, default=1.0)
@@ -63,16 +72,25 @@ def workload_batch(args):
     return wl.sample(np.random.default_rng(args.seed), args.requests)
 
 
-def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int) -> dict:
+def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int, policy: str | None = None) -> dict:
     """The same requests through the simulator (oracle predictions = max_tokens, as served; ideal
-    latencies as the service computes them; ``serve.lockstep.simulated_run``)."""
+    latencies as the service computes them; ``serve.lockstep.simulated_run``). ``router``
+    "learned": the network of ``policy``, deciding on the simulator's cluster."""
     from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.serve.lockstep import simulated_run
     from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
     from llm_lb_gym.sim.metrics import episode_metrics
 
+    if router == "learned":
+        from llm_lb_gym.experiments._serve_policy import load_policy
+        from llm_lb_gym.serve.config import RouterServiceConfig
+
+        urls = tuple(f"http://127.0.0.1:{i + 1}" for i in range(n))
+        r = load_policy(policy, None, RouterServiceConfig(backends=urls, preset=preset))
+    else:
+        r = make_router(router, **options)
     cluster, _ = simulated_run(batch, ClusterConfig(num_instances=n, engine=EngineConfig(preset=preset)),
-                               make_router(router, **options), np.random.default_rng(seed), 0.02)
+                               r, np.random.default_rng(seed), 0.02)
     return episode_metrics(cluster.table)
 
 
@@ -91,9 +109,12 @@ def serve_stack(args, router: str, options: dict):
                                            "--preset", args.preset))
             urls.append(f"http://127.0.0.1:{port}")
         port = free_port()
-        cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port), "--router", router,
+        cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port),
+               *(["--policy", args.policy] if router == "learned" else ["--router", router]),
                "--preset", args.preset, "--context-tokens", str(args.context_tokens),
                "--decision-interval-s", str(0.02 / args.time_scale)]
+        if args.options_from and router != "learned":
+            cmd += ["--options-from", args.options_from]
         for u in urls:
             cmd += ["--backend", u]
         for k, v in options.items():
@@ -130,7 +151,7 @@ def main(argv=None) -> None:
                          f"or localhost unless --allow-remote is given")
 
     batch = workload_batch(args)
-    routers = [r for r in args.routers.split(",") if r]
+    routers = [r for r in args.routers.split(",") if r] + (["learned"] if args.policy else [])
     per_router: dict[str, dict] = {}
     for key, value in key_values(args.option, "loadgen").items():
         r, _, k = key.partition(".")
@@ -140,6 +161,10 @@ def main(argv=None) -> None:
     rows, summary = [], {}
     for router in (routers if args.url is None else ["service"]):
         opts = per_router.get(router, {})
+        if args.options_from and router != "learned":
+            from llm_lb_gym.experiments._serve_policy import router_options_from
+
+            opts = {**router_options_from(args.options_from, router), **opts}
         procs = []
         url = args.url
         if url is None:
@@ -155,7 +180,7 @@ def main(argv=None) -> None:
         rows += [dict(router=router, **r.__dict__) for r in res]
         if args.url is None:
             summary[router + " (sim)"] = simulate(batch, router, opts, args.sim_backends, args.preset,
-                                                  args.seed)
+                                                  args.seed, args.policy)
         print(f"{router}: {summary[router]['errors']:.0f} errors of {len(res)}", file=sys.stderr)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -163,7 +188,7 @@ def main(argv=None) -> None:
         w.writerows(rows)
     base = summary[routers[0]] if args.url is None else None
     lines = ["| router | " + " | ".join(h for _, h in COLUMNS) + " | errors | E2E vs " +
-             (routers[0] if base else "-") + " |", "|" + "---|" * (len(COLUMNS) + 3)]
+             (routers[0] if base else "-") + " | served vs sim: mean | p99 |", "|" + "---|" * (len(COLUMNS) + 5)]
     for name, s in summary.items():
         change = ""
         if base and not name.endswith("(sim)"):
@@ -173,7 +198,11 @@ def main(argv=None) -> None:
             change = f"{100 * (s['mean_e2e_s'] - sb['mean_e2e_s']) / sb['mean_e2e_s']:+.2f}%"
         errs = s.get("errors", s.get("rejected", 0))
         cells = " | ".join(f"{s[k]:.3f}" for k, _ in COLUMNS)
-        lines.append(f"| {name} | {cells} | {errs:.0f} | {change} |")
+        vs = " | "
+        if base and not name.endswith("(sim)"):
+            sim = summary[name + " (sim)"]
+            vs = " | ".join(f"{100 * (s[k] - sim[k]) / sim[k]:+.1f}%" for k in ("mean_e2e_s", "p99_e2e_s"))
+        lines.append(f"| {name} | {cells} | {errs:.0f} | {change} | {vs} |")
     text = (f"{args.requests} requests of {args.workload} {args.workload_option}, seed {args.seed}, "
             f"{args.sim_backends} x {args.preset}, time scale {args.time_scale}\n\n"
             + "\n".join(lines) + "\n")

@@ -176,3 +176,17 @@ def test_options_are_typed_by_the_router(capsys):
     with pytest.raises(SystemExit, match="is not a number"):
         build_app(parser().parse_args(["router", "--port", "1", "--backend", "http://127.0.0.1:1",
                                        "--router", "late_binding", "-o", "period_s=x"]))
+
+
+def test_loadgen_simulates_the_network_and_searched_options(improve_dir, tmp_path):
+    """loadgen's simulated rows: ``--policy`` (the network deciding on the simulator's cluster)
+    and ``--options-from`` (the setting's options), on the requests the service is sent."""
+    from llm_lb_gym.experiments._serve_policy import router_options_from
+    from llm_lb_gym.experiments.loadgen import simulate
+    from llm_lb_gym.workload import make_workload
+
+    reqs = make_workload("task_mix", rate_rps=10.0).sample(np.random.default_rng(0), 60)
+    m = simulate(reqs, "learned", {}, 2, "llama2-7b-v100", 0, str(improve_dir))
+    assert m["completed"] == 60
+    opts = router_options_from("v100_near_capacity", "scored_binding")
+    assert simulate(reqs, "scored_binding", opts, 2, "llama2-7b-v100", 0)["completed"] == 60

@@ -143,6 +143,21 @@ def test_a_hung_backend_fails_over_within_seconds(good):
         hung.stop()
 
 
+def test_a_lone_hung_backend_is_a_clear_error_within_seconds():
+    """Nothing else to fail over to: once the probes take it out the client gets a 502 naming
+    it, not a wait for the queue timeout (60 s)."""
+    hung = Hung()
+    try:
+        with ServerThread(router_app(RouterServiceConfig(backends=(hung.url,), **FAST_HEALTH))) as r:
+            t = time.monotonic()
+            resp = httpx.post(r.url + "/v1/completions", json=BODY, timeout=30)
+            assert resp.status_code == 502 and time.monotonic() - t < 10.0
+            msg = resp.json()["error"]["message"]
+            assert "every backend is down" in msg and hung.url in msg
+    finally:
+        hung.stop()
+
+
 def test_no_response_headers_is_a_timeout_then_a_failover(good):
     """With the probes slow (2 s x 3), the 0.5 s header deadline fails the attempt over."""
     hung = Hung()

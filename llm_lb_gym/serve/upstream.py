@@ -193,6 +193,12 @@ class Proxy:
         avoid, last = [], ""
         for attempt in range(cfg.max_attempts):
             if attempt:
+                if not any(v.up for v in svc.views):
+                    # Failed once and nothing is up: answer now rather than hold the client for
+                    # the queue timeout (a first attempt does wait, riding over a restart).
+                    await send_json(send, 502, error_body(f"every backend is down after {attempt} failed "
+                                                          f"attempt(s); last: {last}", "upstream_error"))
+                    return "upstream_error"
                 await asyncio.sleep(min(cfg.retry_backoff_max_s, cfg.retry_backoff_s * 2 ** (attempt - 1)))
             try:
                 view = await svc.acquire(rid, retry=attempt > 0, avoid=avoid)
