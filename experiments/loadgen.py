@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_lb_gym.experiments._cli_args import key_values
+from llm_lb_gym.experiments._serve_policy import load_policy, router_options_from
 
 COLUMNS = (("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50 E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"),
            ("mean_ttft_s", "mean TTFT (s)"), ("p99_ttft_s", "p99 TTFT (s)"), ("mean_tbt_s", "mean TBT (s)"))
@@ -82,7 +83,6 @@ def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int, 
     from llm_lb_gym.sim.metrics import episode_metrics
 
     if router == "learned":
-        from llm_lb_gym.experiments._serve_policy import load_policy
         from llm_lb_gym.serve.config import RouterServiceConfig
 
         urls = tuple(f"http://127.0.0.1:{i + 1}" for i in range(n))
@@ -162,8 +162,6 @@ def main(argv=None) -> None:
     for router in (routers if args.url is None else ["service"]):
         opts = per_router.get(router, {})
         if args.options_from and router != "learned":
-            from llm_lb_gym.experiments._serve_policy import router_options_from
-
             opts = {**router_options_from(args.options_from, router), **opts}
         procs = []
         url = args.url
