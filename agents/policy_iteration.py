@@ -302,6 +302,30 @@ def _action_candidates(env) -> list:
     return out
 
 
+def advantages(S: np.ndarray, teacher: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per candidate, the mean over sampled futures of score(teacher's choice) - score(it) and
+    its standard error (NaN with one future). ``S[k, a]``: candidate ``a``'s requests-in-system
+    seconds in future ``k`` (lower is better), so a positive advantage means better than the
+    teacher, and the teacher's own is 0."""
+    d = S[:, [teacher]] - S                          # paired over the shared futures
+    se = d.std(axis=0, ddof=1) / math.sqrt(d.shape[0]) if d.shape[0] > 1 else np.full(d.shape[1], np.nan)
+    return d.mean(axis=0), se
+
+
+def label_advantages(env, op, mask: np.ndarray, t_action: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(advantage, standard error) of every action of the env's current state (NaN for the
+    masked ones): the rollout operator ``op`` scores the valid actions on shared futures
+    (:func:`advantages`)."""
+    valid = np.flatnonzero(mask)
+    cands = _action_candidates(env)
+    S = op.score(env.cluster, [cands[a] for a in valid], rng)
+    mean, se_v = advantages(S, int(np.flatnonzero(valid == t_action)[0]))
+    adv = np.full(len(mask), np.nan)
+    se = np.full(len(mask), np.nan)
+    adv[valid], se[valid] = mean, se_v
+    return adv, se
+
+
 def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes | None,
                 layout: dict | None, label: bool, label_seed: int) -> dict:
     """One episode on ``gym.make("LLMCluster-v0", **kw)``, driven by the network (``weights``)
@@ -348,15 +372,7 @@ def run_episode(kw: dict, cfg: PolicyIterationConfig, seed: int, weights: bytes 
             if (op is not None and t_action is not None and mask[t_action]
                     and n_choice % cfg.label_every == 0 and labelled < cfg.max_labels_per_episode):
                 t0 = time.perf_counter()
-                cands = _action_candidates(env)
-                S = op.score(c, [cands[a] for a in valid], rng)
-                b = int(np.flatnonzero(valid == t_action)[0])
-                d = S[:, [b]] - S                          # paired: positive = better than teacher
-                adv = np.full(len(mask), np.nan)
-                adv[valid] = d.mean(axis=0)
-                se = np.full(len(mask), np.nan)
-                if d.shape[0] > 1:
-                    se[valid] = d.std(axis=0, ddof=1) / math.sqrt(d.shape[0])
+                adv, se = label_advantages(env, op, mask, t_action, rng)
                 labelled += 1
                 label_wall += time.perf_counter() - t0
             obs_l.append(obs)

@@ -193,6 +193,58 @@ def test_improvement_targets():
     assert p[0, 0] > 0.999
 
 
+def test_advantages_are_teacher_minus_candidate_by_hand():
+    from llm_lb_gym.agents.policy_iteration import advantages
+
+    # Two futures, three candidates, the teacher's is 1; scores are seconds in the system.
+    S = np.array([[10.0, 12.0, 15.0],
+                  [11.0, 13.0, 12.0]])
+    mean, se = advantages(S, 1)
+    np.testing.assert_allclose(mean, [2.0, 0.0, -1.0])          # (12-10 + 13-11) / 2, 0, (-3 + 1) / 2
+    np.testing.assert_allclose(se, [0.0, 0.0, 2.0])   # d = (-3, 1): sd sqrt(8), / sqrt(2)
+    one_mean, one_se = advantages(S[:1], 0)
+    np.testing.assert_allclose(one_mean, [0.0, -2.0, -5.0]) and np.all(np.isnan(one_se))
+
+
+def test_the_label_of_a_hold_on_an_idle_cluster_is_minus_one_interval():
+    """Hand-worked on a real state: one request, idle instances, the clairvoyant operator (one
+    exact future). The teacher routes it now; holding it one decision interval (0.02 s) then
+    routing it as the teacher would ends it exactly one interval later on an identical idle
+    instance, so defer's advantage is -0.02 s and every route's is 0 (identical instances)."""
+    from llm_lb_gym.agents.policy_iteration import label_advantages
+
+    env = LLMClusterEnv(num_instances=2, num_requests=1, action={"mask_idle_defer": False})
+    env.reset(seed=0)
+    teacher = make_env_router("late_binding", env, **LB)
+    teacher.reset(np.random.default_rng(0), env.m)
+    choice = decide(env.cluster, teacher)
+    assert choice == (0, 0)
+    mask = env.action_masks()
+    assert mask.tolist() == [True, True, True]
+    op = operator(env, see_future=True, samples=1)
+    adv, se = label_advantages(env, op, mask, env.action_for(*choice), np.random.default_rng(0))
+    assert adv[0] == 0.0 and adv[1] == 0.0
+    assert adv[2] == pytest.approx(-env.cfg.decision_interval_s, rel=1e-9)
+    assert np.isnan(se).all()
+
+
+def test_a_better_route_than_the_teachers_gets_a_positive_label():
+    """Two requests arrive together; the first went to instance 0. Taking the second there too
+    as the reference choice, the idle instance 1 finishes it sooner: a positive advantage."""
+    from llm_lb_gym.agents.policy_iteration import label_advantages
+
+    env = LLMClusterEnv(num_instances=2, num_requests=2, arrival_rate_rps=1000.0)
+    env.reset(seed=1)
+    while len(env.cluster.queue) < 2:
+        env.route_step(env.m)
+    env.route_step(0, 0)                                    # the first to instance 0
+    assert len(env.cluster.queue) == 1 and env.cluster.engines[1].idle()
+    mask = env.action_masks()
+    op = operator(env, see_future=True, samples=1)
+    adv, _ = label_advantages(env, op, mask, env.action_for(0, 0), np.random.default_rng(0))
+    assert adv[0] == 0.0 and adv[1] > 0.0                   # the idle instance beats the busy one
+
+
 def test_round_zero_is_the_teacher_and_the_result_loads(tmp_path):
     from llm_lb_gym.agents.policy_iteration import DistilledAgent, NetPolicy, policy_iteration
     from llm_lb_gym.rollout import rollout_agent, rollout_router

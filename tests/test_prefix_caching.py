@@ -183,26 +183,32 @@ def test_caching_off_ignores_hashes_bit_for_bit():
     assert np.mean(on.table.first_token_s) < np.mean(runs[0][1])
 
 
-def test_golden_scenarios_unchanged_with_hashes_attached(monkeypatch):
-    """Replay the golden scenarios with every table carrying prefix hashes (caching off):
-    the hand-worked timestamps still hold."""
-    import test_engine_golden as golden
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "step"])
+def test_golden_scenarios_unchanged_with_hashes_attached(monkeypatch, fast):
+    """Replay the hand-worked golden scenarios (``test_reference.py``, on the engine as
+    ``test_engine_golden.py`` runs them) with every table carrying prefix hashes (caching off):
+    the hand-worked timestamps still hold. Counts the tables built with hashes, so the test
+    fails if no scenario ran (it once called nothing: the scenario functions take parameters)."""
+    import test_engine_golden as engine_golden
+    import test_reference as golden
 
     orig = RequestTable.__init__
+    hashed = []
 
     def with_hashes(self, arrival_s, prompt_tokens, *args, **kw):
         kw.setdefault("prefix_hashes", [tuple(range(-(-int(p) // 16))) for p in prompt_tokens])
         kw.setdefault("hash_block_tokens", 16)
         orig(self, arrival_s, prompt_tokens, *args, **kw)
+        hashed.append(self.hashes)
 
     monkeypatch.setattr(RequestTable, "__init__", with_hashes)
-    names = [n for n in dir(golden) if n.startswith("test_")]
-    assert names
-    import inspect
-    for n in names:
-        f = getattr(golden, n)
-        if not inspect.signature(f).parameters:
-            f()
+    monkeypatch.setattr(golden, "simulate_reference", engine_golden.engine_adapter(fast))
+    for name in engine_golden.GOLDEN:
+        getattr(golden, name)()
+    for route_b in (2.5, 3.25):
+        golden.test_two_requests_continuous_batching(route_b)
+    assert len(hashed) >= len(engine_golden.GOLDEN) + 2
+    assert all(h and all(x is not None and len(x) >= 1 for x in h) for h in hashed)
 
 
 def test_mooncake_reader_passes_hash_ids():
