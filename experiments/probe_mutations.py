@@ -11,7 +11,7 @@ files that cover the function (``pytest -x -q``, the pure-Python engine and env 
 the function has a compiled twin: ``LLM_LB_GYM_PURE_PYTHON=1``), restores the file and
 reports *killed* (a test failed) or *survived*. The source is restored even when interrupted.
 A probe, not a test: it rewrites source files of the checkout it runs in and takes minutes, so
-it stays out of the test suite. Figures: the table at the end of its run (docs/testing.md).
+it stays out of the test suite. Figures: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -81,8 +81,11 @@ MUTATIONS: tuple[Mutation, ...] = (
     Mutation("release: hard cap comparison", "llm_lb_gym/routers/release.py", "if wait > MAX_HOLD_S:",
              "if wait < MAX_HOLD_S:", ("tests/test_release_guarantee.py",)),
     # --- KV accounting (pure-Python engine)
-    Mutation("kv free_blocks sign", "llm_lb_gym/sim/kv_cache.py", "return self.total_blocks - self.used",
-             "return self.total_blocks + self.used", ("tests/test_reference.py", "tests/test_engine_golden.py"), pure=True),
+    Mutation("engine free_blocks sign", "llm_lb_gym/sim/engine.py", "return self.kv.total_blocks - self.kv.used",
+             "return self.kv.total_blocks + self.kv.used", ("tests/test_lever_directions.py", "tests/test_routers.py"),
+             pure=True),
+    Mutation("scheduler admission free blocks", "llm_lb_gym/sim/scheduler.py", "free = kv.total_blocks - kv.used",
+             "free = kv.total_blocks + kv.used", ("tests/test_reference.py", "tests/test_engine_golden.py"), pure=True),
     Mutation("kv drop sign", "llm_lb_gym/sim/kv_cache.py", "self.used -= -(-(self.table.prompt[rid] + o - 1) // self.bs)",
              "self.used += -(-(self.table.prompt[rid] + o - 1) // self.bs)",
              ("tests/test_reference.py", "tests/test_engine_golden.py"), pure=True),

@@ -260,3 +260,24 @@ def test_guidance_term_equals_max_over_all_scores(loads, prompt, pred, data):
     chosen = data.draw(st.integers(0, len(loads) - 1))
     scores = mixing_scores(loads, prompt, pred, cfg.mixing)
     assert guidance_term(loads, prompt, pred, chosen, cfg) == scores[chosen] - max(scores)
+
+
+def test_capacity_feature_by_hand():
+    """capacity_i = 1 - committed_i / kv_tokens_i (committed: prompt + predicted decode tokens of
+    the requests on instance i): 100 blocks of 16 tokens; the first request goes to instance 0,
+    and at the next decision (the second arrival, 1 ms later: it is still prefilling) instance 0
+    has 1 - (p + pred) / 1600 and the idle instance 1 has 1."""
+    env = LLMClusterEnv(num_instances=2, num_requests=2, arrival_rate_rps=1000.0,
+                        engine={"num_kv_blocks": 100}, obs={"as_dict": True})
+    env.reset(seed=0)
+    assert env.obs_builder.kv_tokens_list == [1600.0, 1600.0]
+    while not env.cluster.queue:
+        env.route_step(env.m)
+    rid = env.cluster.queue[0]
+    obs, *_ = env.route_step(0)
+    tb = env.cluster.table
+    from llm_lb_gym.sim.request import Status
+
+    assert tb.status[rid] != Status.FINISHED and env.cluster.queue   # not finished; the second waits
+    assert obs["capacity"][0] == pytest.approx(1.0 - (tb.prompt[rid] + tb.pred[rid]) / 1600.0, rel=1e-6)
+    assert obs["capacity"][1] == 1.0

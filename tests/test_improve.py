@@ -245,6 +245,35 @@ def test_a_better_route_than_the_teachers_gets_a_positive_label():
     assert adv[0] == 0.0 and adv[1] > 0.0                   # the idle instance beats the busy one
 
 
+def test_the_advantage_loss_moves_the_network_towards_the_labels():
+    """``loss=advantage`` regresses net(a) - net(teacher's action) on the labels. Two states, the
+    teacher routing to instance 0 in both: deferring is labelled +1 in one and -1 in the other,
+    so the network (starting at zero: its output layers are zeroed) must end up preferring defer
+    by about 1 in the first and disliking it by about 1 in the second."""
+    from llm_lb_gym.agents.policy_iteration import fit, make_net
+
+    env = LLMClusterEnv(**_kw())
+    obs_a, _ = env.reset(seed=2)
+    obs_b, _ = env.reset(seed=5)
+    assert not np.array_equal(obs_a, obs_b)
+    n, k, d = 32, env.defer_action + 1, env.defer_action
+    mask = np.zeros((n, k), bool)
+    mask[:, [0, d]] = True
+    adv = np.full((n, k), np.nan)
+    adv[:, 0] = 0.0
+    adv[: n // 2, d], adv[n // 2:, d] = 1.0, -1.0
+    obs = np.concatenate([np.repeat(np.asarray(o, np.float32)[None], n // 2, 0) for o in (obs_a, obs_b)])
+    data = {"obs": obs, "mask": mask, "teacher": np.zeros(n, np.int64), "target": np.zeros((n, k), np.float32),
+            "adv": adv, "weight": np.ones(n, np.float32)}
+    cfg = _cfg(loss="advantage", epochs=80, learning_rate=1e-2, batch_size=8)
+    net = make_net(env.obs_layout.as_dict(), cfg, 0)
+    fit(net, data, cfg, seed=0)
+    with torch.inference_mode():
+        q = net(torch.from_numpy(obs[[0, -1]])).numpy()
+    assert q[0, d] - q[0, 0] == pytest.approx(1.0, abs=0.25)
+    assert q[1, d] - q[1, 0] == pytest.approx(-1.0, abs=0.25)
+
+
 def test_round_zero_is_the_teacher_and_the_result_loads(tmp_path):
     from llm_lb_gym.agents.policy_iteration import DistilledAgent, NetPolicy, policy_iteration
     from llm_lb_gym.rollout import rollout_agent, rollout_router

@@ -114,6 +114,9 @@ class Engine:
 
     @property
     def free_blocks(self) -> int:
+        """KV blocks neither held nor cached-in-use (evictable cached blocks count as free), as
+        of now: what routers read. The scheduler and the decode planner compute the same
+        ``total_blocks - used`` inline on their hot paths."""
         self._sync_used()
         return self.kv.total_blocks - self.kv.used
 

@@ -10,7 +10,6 @@ cdef class KVCache:
     cdef public dict kv_ref
     cdef public object evictable   # an OrderedDict: typed as dict, Cython would bypass its order
 
-    cpdef long free_blocks(self)
     cpdef grow(self, long n)
     cpdef allocate(self, long n)
     cpdef add_block(self)

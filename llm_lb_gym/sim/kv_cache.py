@@ -52,10 +52,6 @@ class KVCache:
         self.pc_evictions = 0
 
     # ------------------------------------------------------------ the block pool
-    def free_blocks(self) -> int:
-        """Blocks neither held nor cached-in-use (evictable cached blocks count as free)."""
-        return self.total_blocks - self.used
-
     def grow(self, n: int) -> None:
         """The running sequences took ``n`` more blocks (their decode growth since the last
         sync): evict cached blocks where the pool overflows."""
