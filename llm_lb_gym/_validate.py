@@ -107,3 +107,16 @@ def reject_unexpected_keywords(given: Mapping[str, object], known: Iterable[str]
         raise UnknownOptionError(
             f"__init__() got an unexpected keyword argument {extra[0]!r}{more}; "
             f"allowed: {', '.join(sorted(known))}")
+
+
+def plain_values(value):
+    """``value`` with every numpy scalar inside (dicts, lists, tuples) as the Python scalar it
+    holds (``np.float32(10.0)`` -> ``10.0``), so an option given as a numpy value computes in
+    float64 as the plain value does (a float32 arrival rate drew float32-rounded arrival gaps)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {k: plain_values(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(plain_values(v) for v in value)
+    return value

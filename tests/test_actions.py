@@ -47,6 +47,18 @@ def test_step_rejects_what_it_used_to_truncate(env, action):
     assert (env.cluster.t, len(env.cluster.queue), env.cluster.n_routed) == before
 
 
-def test_step_takes_numpy_and_array_actions(env):
-    for a in (np.int64(0), np.array(1), np.array([2]), 3, env.m):
+def test_step_takes_numpy_and_array_actions():
+    """Each form routes the head request to the instance it names (defer routes nothing)."""
+    env = LLMClusterEnv(num_requests=200, arrival_rate_rps=200.0)
+    env.reset(seed=0)
+    tb = env.cluster.table
+    for a in (np.int64(0), np.array(1), np.array([2]), np.uint8(3), 3, np.int32(1), env.m, np.array([env.m])):
+        while not env.cluster.queue:
+            env.step(env.m)
+        rid, routed = env.cluster.queue[0], env.cluster.n_routed
         env.step(a)
+        target = int(np.asarray(a).reshape(-1)[0])
+        if target < env.m:
+            assert tb.instance[rid] == target and env.cluster.n_routed == routed + 1, a
+        else:
+            assert env.cluster.n_routed == routed and rid in env.cluster.queue, a

@@ -120,3 +120,12 @@ def test_valid_numpy_and_integer_valued_options_still_work():
                         fast=np.bool_(True))
     env.reset(seed=0)
     env.step(0)
+    # ... and each took effect, as the plain Python values would
+    ref = LLMClusterEnv(num_requests=20, arrival_rate_rps=10.0, decision_interval_s=1.0,
+                        obs={"prompt_edges_tokens": [300]}, fast=True)
+    ref.reset(seed=0)
+    ref.step(0)
+    assert len(env.batch) == 20 and env.cfg.decision_interval_s == 1.0
+    assert tuple(env.obs_builder.prompt_scheme.edges_tokens) == (300,)
+    np.testing.assert_array_equal(env.batch.arrival_s, ref.batch.arrival_s)
+    np.testing.assert_array_equal(env._observe(), ref._observe())

@@ -235,6 +235,9 @@ def test_an_option_under_env_is_applied_or_named_never_dropped(item, under_env, 
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        env = gym.make("LLMCluster-v0", **kw).unwrapped
+        try:
+            env = gym.make("LLMCluster-v0", **kw).unwrapped
+        except ConfigError:   # the value itself is refused in this setting (a named error)
+            return
     if took is not None:
         assert took(env)

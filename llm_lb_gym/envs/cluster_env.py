@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from .._validate import check_choice, reject_unexpected_keywords
+from .._validate import check_choice, plain_values, reject_unexpected_keywords
 from ..routers.drive import decide
 from ..routers.scored_binding import order_key
 from ..sim._compiled import engine_class
@@ -168,6 +168,7 @@ class LLMClusterEnv(gym.Env):
 
     def __init__(self, render_mode: str | None = None, preset: str | None = None, **options: Any):
         reject_unexpected_keywords(options, (*ENV_OPTIONS, "render_mode", "preset"))
+        options = plain_values(options)   # numpy scalars compute as the plain values would
         check_choice("render_mode", render_mode, (None, *RENDER_MODES))
         self.render_mode = render_mode
         self.preset = preset
