@@ -9,10 +9,15 @@ import functools
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import llm_lb_gym.conf as _conf_pkg
 from llm_lb_gym._validate import ConfigError
+
+# Hydra 1.4 deprecates version_base="1.3" with a warning on every compose; "1.3" is what keeps the
+# working directory and the run dir this project documents, so the warning says nothing to a user.
+warnings.filterwarnings("ignore", message="The version_base parameter is deprecated", category=UserWarning)
 
 CONF_DIR = str(Path(_conf_pkg.__file__).resolve().parent)
 """conf/ installs as the package ``llm_lb_gym.conf``, so it is found from an editable install and

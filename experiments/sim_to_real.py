@@ -36,6 +36,8 @@ from pathlib import Path
 import numpy as np
 
 from llm_lb_gym.experiments._cli_args import key_values
+from llm_lb_gym.experiments._contention import ProbeSampler
+from llm_lb_gym.experiments._llamacpp_profile import probe_reference_s, read_rows
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -132,7 +134,6 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     the results, how much slower than on cores of their own the servers ran meanwhile
     (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU) and the CPU probe's
     median time over the replay (``_contention.py``: the execution slowdown beyond waiting)."""
-    from llm_lb_gym.experiments._contention import ProbeSampler
 
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import schedstat_s, slowdown
@@ -233,7 +234,6 @@ def main(argv=None) -> dict:
              f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "
              f"{args.servers} llama-server x {args.parallel} slots x {args.ctx_tokens} tokens, one thread each; "
              f"simulator preset {preset}; {'non-streamed' if args.no_stream else 'streamed'}", ""]
-    from llm_lb_gym.experiments.calibrate_llamacpp import probe_reference_s, read_rows
     from llm_lb_gym.sim.frontend import resolve_frontend
 
     if args.repeats < 1:

@@ -70,6 +70,7 @@ ALLOWED = {
     "llm_lb_gym/sim/clock.py",          # the clock itself
     "llm_lb_gym/sim/cluster.py",        # defines run_grid
     "llm_lb_gym/sim/request.py",        # RequestTable.from_batch
+    "llm_lb_gym/calibration/replay.py", # a closed-loop client (next request at each response's end), no router
 }
 
 

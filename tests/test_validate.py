@@ -43,7 +43,7 @@ def test_corpus_is_the_pinned_file_with_a_source_and_split_per_case(corpus):
         if src["kind"] == "local":   # this project's own measurements, checked against the file
             import hashlib
 
-            from llm_lb_gym.experiments.calibrate_llamacpp import PROFILE_CSV
+            from llm_lb_gym.experiments._llamacpp_profile import PROFILE_CSV
             assert hashlib.sha256(PROFILE_CSV.read_bytes()).hexdigest() == src["sha256"]
     by_source = {}
     for c in corpus.cases:   # the split is by source: one source, one part
