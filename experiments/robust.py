@@ -1,7 +1,7 @@
 """The main job: train a router over a distribution of conditions, benchmark it on held-out ones.
 
-    llm-lb-gym robust                           # about 10 minutes on 2 cores
-    llm-lb-gym robust search.generations=20 search.conditions_per_generation=8   # longer
+    llm-lb-gym robust                           # about 6 minutes on 2 cores
+    llm-lb-gym robust search.generations=6      # a quick look
 
 1. Policy search (``agents/policy_search.py``) over ``scored_binding``'s options, every episode
    drawn from the training distribution (``suite.suites.TRAIN``: the task mix and the training
@@ -31,13 +31,11 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
+from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.agents.policy_search import SearchConfig, policy_search
 from llm_lb_gym.experiments._benchmark import benchmark, policies, suite_of
 from llm_lb_gym.experiments._hydra import hydra_main, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
-
-LABEL = "robust"
-
 
 def _data_present() -> bool:
     from llm_lb_gym.suite.condition import Condition, missing_data
@@ -46,10 +44,11 @@ def _data_present() -> bool:
 
 
 def robust(cfg, out: Path | None = None, log=say) -> dict:
-    import yaml
-    from omegaconf import OmegaConf
-
-
+    label = str(cfg.get("label") or "robust")
+    taken = set(cfg.benchmark.heuristics or []) | set((to_container(cfg.benchmark.trained) or {}))
+    if label in taken:
+        raise ConfigError(f"label={label!r} is already a row of the benchmark "
+                          f"(benchmark.heuristics / benchmark.trained: {', '.join(sorted(taken))}); name the found router otherwise")
     out = Path(out) if out is not None else run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     opts = to_container(cfg.search)
@@ -73,7 +72,7 @@ def robust(cfg, out: Path | None = None, log=say) -> dict:
         | {"best_options": found}, indent=2, default=str))
     log(f"found (generation {res['best_generation']}, {res['wall_s']:.0f} s): {found}")
     trained = {**(to_container(cfg.benchmark.trained) or {}),
-               LABEL: {"router": "scored_binding", "options": found}}
+               label: {"router": "scored_binding", "options": found}}
     bench = OmegaConf.create({**to_container(bench), "trained": trained})
     t1 = time.perf_counter()
     b = benchmark(bench, out=out / "benchmark", log=log)

@@ -185,3 +185,21 @@ def test_search_over_conditions_is_deterministic_and_constrained():
         assert a["best_val_objective"] <= by_hand + 1e-9
     finally:
         suites.TRAIN_SYNTHETIC = orig
+
+
+def test_ray_executor_gives_the_processes_history():
+    """executor=ray runs the same episodes as Ray tasks: the search's history is the same bit for
+    bit as with worker processes (a cluster shortens the search, never changes it)."""
+    pytest.importorskip("ray")
+    import ray
+
+    cfg = dict(TINY, generations=1)
+    a = ps.policy_search(ENV, ps.SearchConfig(**{**cfg, "workers": 2}), log=lambda *_: None)
+    try:
+        b = ps.policy_search(ENV, ps.SearchConfig(**{**cfg, "workers": 2, "executor": "ray"}),
+                             log=lambda *_: None)
+    finally:
+        ray.shutdown()
+    strip = lambda h: [{k: v for k, v in row.items() if k != "wall_s"} for row in h]  # noqa: E731
+    assert strip(a["history"]) == strip(b["history"])
+    assert a["best_options"].as_dict() == b["best_options"].as_dict()

@@ -30,7 +30,7 @@ def test_oracle_is_exact():
     assert make_predictor("oracle").scheme == SCHEMES["paper_dqn"]()
 
 
-@pytest.mark.parametrize("acc", [0.0, 0.3, 0.8, 1.0])
+@pytest.mark.parametrize("acc", [0.05, 0.3, 0.8, 1.0])
 def test_noisy_oracle_hits_its_accuracy_with_uniform_errors(acc):
     b = _batch()
     scheme = SCHEMES["time4"]()
@@ -100,8 +100,10 @@ def test_registry_errors_list_names_and_options():
         make_predictor("noisy", acc=0.5)
     with pytest.raises(ConfigError, match="needs accuracy"):
         make_predictor("noisy")
-    with pytest.raises(ConfigError, match=r"noisy.accuracy=1.5 is out of range; allowed: \[0.0, 1.0\]"):
+    with pytest.raises(ConfigError, match=r"noisy.accuracy=1.5 is out of range; allowed: .*\(0.0, 1.0\]"):
         make_predictor("noisy", accuracy=1.5)
+    with pytest.raises(ConfigError, match=r"noisy.accuracy=0.0 is out of range; allowed: .*\(0.0, 1.0\]"):
+        make_predictor("noisy", accuracy=0.0)   # a predictor that is never right is not a predictor
     with pytest.raises(ConfigError, match="unknown bucket scheme 'x'"):
         make_predictor("oracle", scheme="x")
     with pytest.raises(ConfigError, match="exactly one of path"):

@@ -27,7 +27,7 @@ class NoisyOraclePredictor:
     """True bucket with probability ``accuracy``, else a uniformly drawn other bucket."""
 
     def __init__(self, scheme: BucketScheme, accuracy: float) -> None:
-        check_range("noisy.accuracy", accuracy, 0.0, 1.0)
+        check_range("noisy.accuracy", accuracy, 0.0, 1.0, lo_open=True)
         self.scheme = scheme
         self.accuracy = float(accuracy)
 
