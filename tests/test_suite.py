@@ -170,3 +170,41 @@ def test_condition_env_draws_conditions_with_fixed_spaces():
         ConditionEnv(space, num_instances=3)
     with pytest.raises(ConfigError, match="env_options.workload is set by each condition"):
         ConditionEnv(space, env_options={"workload": "task_mix"})
+
+
+def test_robust_main_job_tiny_trains_then_benchmarks_the_found_router(tmp_path, monkeypatch):
+    """``llm-lb-gym robust`` in miniature: the search over the task-mix training space (episodes of
+    30 requests per instance here), its options written, then the benchmark with the found router
+    as a trained row under its label; the same seed gives the same options."""
+    import dataclasses
+
+    import yaml
+
+    import llm_lb_gym.suite.suites as suites
+    from llm_lb_gym.experiments._hydra import compose
+    from llm_lb_gym.experiments.robust import robust
+
+    monkeypatch.setattr(suites, "TRAIN_SYNTHETIC", dataclasses.replace(suites.TRAIN_SYNTHETIC,
+                                                                       requests_per_instance=30))
+    over = ["search.conditions=train_synthetic", "search.generations=1", "search.population=2",
+            "search.conditions_per_generation=1", "search.validation_episodes=1", "search.workers=1",
+            "search.params=[growth_frac,hedge]", "benchmark.suite=smoke", "benchmark.seeds=1",
+            "benchmark.workers=1", "benchmark.heuristics=[round_robin,late_binding]", "label=mine"]
+    a = robust(compose("robust", over), out=tmp_path / "a", log=lambda *_: None)
+    found = yaml.safe_load((tmp_path / "a" / "scored_binding.yaml").read_text())["scored_binding"]
+    assert found == a["summary"]["found_options"]
+    rows = a["benchmark"]["result"].rows
+    assert {r["policy"] for r in rows} == {"round_robin", "late_binding", "mine"}
+    assert "mine" in (tmp_path / "a" / "benchmark" / "summary.md").read_text()
+    b = robust(compose("robust", over), out=tmp_path / "b", log=lambda *_: None)
+    assert b["summary"]["found_options"] == found
+
+
+def test_robust_checks_its_label_before_the_search(tmp_path):
+    from llm_lb_gym.experiments._hydra import compose
+    from llm_lb_gym.experiments.robust import robust
+
+    with pytest.raises(ConfigError, match="label='late_binding' is already a row of the benchmark"):
+        robust(compose("robust", ["label=late_binding", "benchmark.suite=smoke"]), out=tmp_path,
+               log=lambda *_: None)
+    assert not (tmp_path / "search.json").exists()
