@@ -136,6 +136,27 @@ def load_policy(path: str, model_file: str | None, cfg, fallback: str | None = N
                                source=str(model))
 
 
+DEFAULT_OPTIONS = "routers/default.yaml"
+"""The default setting's router options (``eval.policy_options``: what ``evaluate`` and the
+benchmark play), in the installed ``llm_lb_gym.conf``; read as YAML so serving needs no Hydra."""
+
+
+def default_router_options(router: str) -> dict:
+    """``router``'s options in the default setting: scored_binding's are the main job's router."""
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load((files("llm_lb_gym.conf") / DEFAULT_OPTIONS).read_text()) or {}
+    return dict(data.get(router) or {})
+
+
+def served_router_options(spec: str | None, router: str) -> dict:
+    """What a served router runs with: ``--options-from SPEC``'s options, else the default
+    setting's (so ``serve router --router scored_binding`` is the router the benchmark judged)."""
+    return router_options_from(spec, router) if spec else default_router_options(router)
+
+
 def router_options_from(spec: str, router: str) -> dict:
     """The options of ``router`` that ``--options-from SPEC`` names (module docstring)."""
     p = Path(spec)

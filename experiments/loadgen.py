@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_lb_gym.experiments._cli_args import key_values
-from llm_lb_gym.experiments._serve_policy import load_policy, router_options_from
+from llm_lb_gym.experiments._serve_policy import load_policy, served_router_options
 
 COLUMNS = (("mean_e2e_s", "mean E2E (s)"), ("p50_e2e_s", "p50 E2E (s)"), ("p99_e2e_s", "p99 E2E (s)"),
            ("mean_ttft_s", "mean TTFT (s)"), ("p99_ttft_s", "p99 TTFT (s)"), ("mean_tbt_s", "mean TBT (s)"))
@@ -161,8 +161,8 @@ def main(argv=None) -> None:
     rows, summary = [], {}
     for router in (routers if args.url is None else ["service"]):
         opts = per_router.get(router, {})
-        if args.options_from and router != "learned":
-            opts = {**router_options_from(args.options_from, router), **opts}
+        if router != "learned":
+            opts = {**served_router_options(args.options_from, router), **opts}
         procs = []
         url = args.url
         if url is None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from llm_lb_gym.experiments._serve_policy import experiment_router_options, load_policy, router_options_from
+from llm_lb_gym.experiments._serve_policy import experiment_router_options, load_policy, served_router_options
 
 __all__ = ["experiment_router_options", "load_policy", "main", "parser"]
 
@@ -113,7 +113,7 @@ def build_app(args):
         from llm_lb_gym.serve.config import typed_router_options
 
         name = args.router or "round_robin"
-        opts = router_options_from(args.options_from, name) if args.options_from else {}
+        opts = served_router_options(args.options_from, name)
         opts.update(typed_router_options(name, args.option))
         cfg = RouterServiceConfig(
             backends=tuple(args.backend), router=name, router_options=opts,

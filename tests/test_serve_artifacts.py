@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 httpx = pytest.importorskip("httpx")
 
 from llm_lb_gym._validate import ConfigError  # noqa: E402
-from llm_lb_gym.experiments._serve_policy import load_policy, router_options_from  # noqa: E402
+from llm_lb_gym.experiments._serve_policy import (  # noqa: E402
+    load_policy, router_options_from, served_router_options)
 from llm_lb_gym.serve.config import RouterServiceConfig, typed_router_options  # noqa: E402
 
 BACKENDS2 = ("http://127.0.0.1:1", "http://127.0.0.1:2")
@@ -159,6 +160,20 @@ def test_options_from_a_file_a_search_directory_and_an_experiment(tmp_path):
         router_options_from(str(tmp_path / "scored_binding.yaml"), "late_binding")
     with pytest.raises(ConfigError, match="not a file, directory or experiment; experiments: .*v100_near_capacity"):
         router_options_from("v100_nowhere", "late_binding")
+
+
+def test_a_router_served_without_options_runs_the_default_settings_options(tmp_path):
+    """``serve router --router scored_binding`` is the router the benchmark judged: the default
+    setting's options (the ones evaluate and the benchmark read through Hydra), not the class's."""
+    from llm_lb_gym.experiments._hydra import compose, to_container
+
+    composed = to_container(compose("evaluate", []).eval.policy_options)
+    served = served_router_options(None, "scored_binding")
+    assert served == composed["scored_binding"] and served["hedge"] == 1.0
+    assert served_router_options(None, "late_binding") == composed["late_binding"] == {}
+    assert served_router_options(None, "round_robin") == {}
+    (tmp_path / "scored_binding.yaml").write_text("scored_binding: {period_s: 0.07}\n")
+    assert served_router_options(str(tmp_path), "scored_binding") == {"period_s": 0.07}
 
 
 def test_options_are_typed_by_the_router(capsys):

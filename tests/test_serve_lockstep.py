@@ -30,6 +30,9 @@ CASES = [(name, {}) for name in served_routers()] + [
     ("late_binding", {"period_s": 1.0, "rounds": "global", "reserve": "full"}),
     ("late_binding", {"period_s": 0.0, "order": "oldest", "max_wait_s": 0.5}),
     ("max_capacity", {"period_s": 0.25}),
+    # the main job's router (conf/routers/default.yaml): hedge reads the table's pred_hi
+    ("scored_binding", {"period_s": 0.0, "reserve_frac": 0.728, "prompt_weight": 0.819,
+                        "room_margin": -0.0118, "growth_frac": 0.694, "hedge": 1.0, "max_hold_s": 117.7}),
 ]
 
 

@@ -134,7 +134,7 @@ class _Lockstep:
             if rid not in self.svc_of:
                 p, d = tb.prompt[rid], tb.pred[rid]
                 pb, db = (0, 0) if self.buckets is None else self.buckets(p, d)
-                srid = st.add(p, d, tb.arrival_s[rid], tb.inv_ideal[rid], pb, db)
+                srid = st.add(p, d, tb.arrival_s[rid], tb.inv_ideal[rid], pb, db, tb.pred_hi[rid])
                 self.sim_of[srid], self.svc_of[rid] = rid, srid
                 self.disp.arrive(srid)
         for srid, view in self.disp.decide(cluster.t):

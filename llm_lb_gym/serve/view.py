@@ -73,7 +73,7 @@ class _Constant:
 class ServiceTable:
     """Columns routers read, one entry per live request (``routers/base.py``)."""
 
-    _COLUMNS = ("prompt", "pred", "arrival_s", "o_base", "inv_ideal", "prompt_bucket",
+    _COLUMNS = ("prompt", "pred", "pred_hi", "arrival_s", "o_base", "inv_ideal", "prompt_bucket",
                 "decode_bucket", "epoch", "status")
     hash_block_tokens = 0
     slo_on = False
@@ -87,10 +87,15 @@ class ServiceTable:
         self.ttft_deadline_s = self.tbt_deadline_s = _Constant(math.inf)
 
     def add(self, prompt: int, pred: float, arrival_s: float, inv_ideal: float,
-            prompt_bucket: int = 0, decode_bucket: int = 0) -> int:
+            prompt_bucket: int = 0, decode_bucket: int = 0, pred_hi: float | None = None) -> int:
+        """``pred_hi``: the upper decode quantile (``RequestTable.pred_hi``, read by scored_binding's
+        ``hedge`` and the ``pred_upper`` feature); the service predicts ``max_tokens``, itself a
+        bound, so by default the upper prediction is the prediction."""
         rid = self.n
         self.n = rid + 1
         self.prompt[rid], self.pred[rid], self.arrival_s[rid] = prompt, pred, arrival_s
+        self.pred_hi[rid] = pred if pred_hi is None else pred_hi
+        assert self.pred_hi[rid] >= 0, "an upper prediction is a number of tokens"
         self.o_base[rid], self.inv_ideal[rid] = 0, inv_ideal
         self.prompt_bucket[rid], self.decode_bucket[rid] = prompt_bucket, decode_bucket
         self.epoch[rid] = -1
