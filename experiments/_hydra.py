@@ -223,3 +223,18 @@ def compose(config_name: str, overrides: list[str]):
 
     with _hydra_ready():
         return hydra_compose(config_name=config_name, overrides=overrides)
+
+
+DEFAULT_OPTIONS = "routers/default.yaml"
+"""The default setting's router options (``eval.policy_options``: what ``evaluate`` and the
+benchmark play), in the installed ``llm_lb_gym.conf``; read as YAML so serving needs no Hydra."""
+
+
+def default_router_options(router: str) -> dict:
+    """``router``'s options in the default setting: scored_binding's are the main job's router."""
+    from importlib.resources import files
+
+    import yaml
+
+    data = yaml.safe_load((files("llm_lb_gym.conf") / DEFAULT_OPTIONS).read_text()) or {}
+    return dict(data.get(router) or {})

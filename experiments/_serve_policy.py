@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llm_lb_gym.experiments._hydra import env_kwargs
+from llm_lb_gym.experiments._hydra import default_router_options, env_kwargs
 
 IMPROVE_MODEL = "best_policy.pt"
 TRAIN_MODEL = "best_model.zip"
@@ -134,21 +134,6 @@ def load_policy(path: str, model_file: str | None, cfg, fallback: str | None = N
             fallback, fallback_options = env.cfg.action.fallback_router, {}
     return LearnedPolicyRouter(agent, env, make_router(fallback, **(fallback_options or {})),
                                source=str(model))
-
-
-DEFAULT_OPTIONS = "routers/default.yaml"
-"""The default setting's router options (``eval.policy_options``: what ``evaluate`` and the
-benchmark play), in the installed ``llm_lb_gym.conf``; read as YAML so serving needs no Hydra."""
-
-
-def default_router_options(router: str) -> dict:
-    """``router``'s options in the default setting: scored_binding's are the main job's router."""
-    from importlib.resources import files
-
-    import yaml
-
-    data = yaml.safe_load((files("llm_lb_gym.conf") / DEFAULT_OPTIONS).read_text()) or {}
-    return dict(data.get(router) or {})
 
 
 def served_router_options(spec: str | None, router: str) -> dict:

@@ -19,6 +19,8 @@ import time
 
 import numpy as np
 
+from llm_lb_gym.experiments._hydra import default_router_options
+
 
 def decision_times(cond, router: str, options: dict, seed: int) -> np.ndarray:
     import gymnasium as gym
@@ -48,7 +50,8 @@ def decision_times(cond, router: str, options: dict, seed: int) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--routers", default="round_robin,least_requests,slo_aware,late_binding,scored_binding")
-    ap.add_argument("--options", default="{}", help="JSON options for scored_binding (default: its class defaults)")
+    ap.add_argument("--options", default=None,
+                    help="JSON options for scored_binding (default: the default setting's, the main job's router)")
     ap.add_argument("--seed", type=int, default=1000)
     args = ap.parse_args()
 
@@ -57,7 +60,7 @@ def main() -> None:
 
     conds = [c for c in HELDOUT.conditions if c.workload == "task_mix"][:1]
     conds += [c for c in HELDOUT.conditions if c.workload == "azure_conv" and missing_data(c) is None][:1]
-    opts = json.loads(args.options)
+    opts = json.loads(args.options) if args.options is not None else default_router_options("scored_binding")
     print(f"load average {os.getloadavg()[0]:.2f}; seed {args.seed}")
     print("| condition | router | decisions | p50 (ms) | p99 (ms) | max (ms) |\n|---|---|---|---|---|---|")
     for c in conds:
