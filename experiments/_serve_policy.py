@@ -55,6 +55,10 @@ def find_model(path: str, model_file: str | None) -> tuple[Path, Path]:
     for name in (IMPROVE_MODEL, TRAIN_MODEL):
         if (p / name).is_file():
             return p, p / name
+    searched = sorted(f.stem for f in p.glob("*.yaml") if f.stem in ("scored_binding", "late_binding"))
+    if searched:   # llm-lb-gym robust / policy_search write options, not a network
+        raise _error(f"--policy: {p} holds searched options ({', '.join(f + '.yaml' for f in searched)}), "
+                     f"not a network: serve them with --router {searched[-1]} --options-from {p}")
     raise _error(f"--policy: {p} holds neither {IMPROVE_MODEL} (llm-lb-gym improve) nor {TRAIN_MODEL} "
                  f"(llm-lb-gym train); give --policy-model FILE for another file")
 

@@ -91,6 +91,41 @@ def test_an_improve_run_routes_five_of_five_through_the_service(improve_dir):
             s.stop()
 
 
+def test_the_main_jobs_options_route_five_of_five_through_the_service(tmp_path):
+    """``llm-lb-gym robust`` writes ``scored_binding.yaml`` in its run directory: served with
+    ``--router scored_binding --options-from RUN`` (holding, hedged), 5 of 5 requests answered;
+    ``--policy RUN`` says how to serve it instead of looking for a network."""
+    import yaml
+
+    from llm_lb_gym.experiments._hydra import default_router_options
+    from llm_lb_gym.experiments.serve import build_app, parser
+    from llm_lb_gym.serve.launch import ServerThread
+    from llm_lb_gym.serve.sim_backend import SimBackendConfig
+    from llm_lb_gym.serve.sim_backend import create_app as sim_app
+
+    run = tmp_path / "robust_run"
+    run.mkdir()
+    (run / "scored_binding.yaml").write_text(yaml.safe_dump({"scored_binding": default_router_options("scored_binding")}))
+    servers = [ServerThread(sim_app(SimBackendConfig(time_scale=4.0))) for _ in range(2)]
+    try:
+        argv = ["router", "--port", "0", "--router", "scored_binding", "--options-from", str(run),
+                "--poll-interval-s", "0.05"]   # the port is ServerThread's own
+        for s in servers:
+            argv += ["--backend", s.url]
+        with ServerThread(build_app(parser().parse_args(argv))) as r:
+            with httpx.Client(base_url=r.url, timeout=30) as c:
+                for k in range(5):
+                    body = {"model": "sim-model", "prompt": "w " * (5 + 20 * k), "max_tokens": 3 + k}
+                    resp = c.post("/v1/completions", json=body)
+                    assert resp.status_code == 200, resp.text
+            assert 'outcome="ok"} 5.0' in httpx.get(r.url + "/metrics").text
+    finally:
+        for s in servers:
+            s.stop()
+    with pytest.raises(ConfigError, match="holds searched options .*--router scored_binding --options-from"):
+        load_policy(str(run), None, RouterServiceConfig(backends=BACKENDS2))
+
+
 def test_an_improve_network_decides_as_in_the_simulator(improve_dir):
     from llm_lb_gym.serve.lockstep import served_run, simulated_run
     from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
