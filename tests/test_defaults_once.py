@@ -90,10 +90,16 @@ def test_the_conf_tree_mirrors_the_dataclasses_except_where_stated():
 
 
 def test_router_options_are_set_per_setting_only():
-    """No entry point and no default group sets a router option: the class defaults hold for the
-    default setting, and experiments set their own under eval.policy_options."""
+    """No entry point sets a router option: the default setting's are in conf/routers/default.yaml
+    (empty: the class defaults; or a searched router, which must differ from them and be valid),
+    and experiments set their own under eval.policy_options."""
     base = yaml.safe_load((CONF / "routers" / "default.yaml").read_text())
-    assert base and all(v == {} for v in base.values())
+    assert base and base["late_binding"] == {}
+    for name, given in base.items():
+        if given:
+            router = make_router(name, **given)          # valid options of that router
+            dflt = _defaults(type(router.options))
+            assert any(_plain(dflt.get(k)) != _plain(v) for k, v in given.items()), name
     for p in ENTRY_POINTS:
         tree = yaml.safe_load(p.read_text()) or {}
         assert not (tree.get("eval") or {}).get("policy_options"), f"{p.name} sets eval.policy_options"
