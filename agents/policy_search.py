@@ -257,9 +257,9 @@ class Episodes:
 
 
 def _space(cfg: "SearchConfig"):
-    from llm_lb_gym.suite.suites import TRAIN, TRAIN_SYNTHETIC
+    from llm_lb_gym.suite.suites import get_space
 
-    return {"train": TRAIN, "train_synthetic": TRAIN_SYNTHETIC}[cfg.conditions]
+    return get_space(cfg.conditions)
 
 
 def generation_pairs(cfg: "SearchConfig", kw: dict, g: int) -> list[tuple[dict, int]]:

@@ -22,6 +22,13 @@ ENV_IDS = {
 """Registered id -> preset name (``llm_lb_gym.envs.presets.PRESETS``, which names the same id;
 a test checks they agree). Kept here so ``import llm_lb_gym`` registers them without importing
 the env."""
+CONDITION_ENV_IDS = {
+    "LLMCluster-Train-v0": "train",
+    "LLMCluster-TrainSynthetic-v0": "train_synthetic",
+}
+"""Registered id -> condition space (``llm_lb_gym.suite.suites.SPACES``): an env that draws a
+fresh training condition (workload, load, predictor accuracy, cluster) at every reset
+(``llm_lb_gym.suite.env.ConditionEnv``), for RL over the distribution the main job searches."""
 MAX_EPISODE_STEPS = 200_000
 """TimeLimit: far above a 2,000-request episode's steps (about one per request plus defers), so
 only a router that defers forever is truncated."""
@@ -35,7 +42,12 @@ for _id, _preset in ((ENV_ID, None), *ENV_IDS.items()):
                      kwargs={} if _preset is None else {"preset": _preset},
                      additional_wrappers=(gym.envs.registration.WrapperSpec(
                          "FinalMetrics", "llm_lb_gym.envs.wrappers:FinalMetrics", {}),))
-
+for _id, _space in CONDITION_ENV_IDS.items():
+    if _id not in gym.registry:
+        gym.register(id=_id, entry_point="llm_lb_gym.suite.env:ConditionEnv",
+                     max_episode_steps=MAX_EPISODE_STEPS, kwargs={"space": _space},
+                     additional_wrappers=(gym.envs.registration.WrapperSpec(
+                         "FinalMetrics", "llm_lb_gym.envs.wrappers:FinalMetrics", {}),))
 
 
 def engine_info() -> dict:
@@ -49,4 +61,4 @@ def engine_info() -> dict:
     return {"kernels": "compiled" if compiled_kernels() is not None else "python", **info()}
 
 
-__all__ = ["ENV_ID", "ENV_IDS", "__version__", "engine_info"]
+__all__ = ["CONDITION_ENV_IDS", "ENV_ID", "ENV_IDS", "__version__", "engine_info"]

@@ -208,3 +208,36 @@ def test_robust_checks_its_label_before_the_search(tmp_path):
         robust(compose("robust", ["label=late_binding", "benchmark.suite=smoke"]), out=tmp_path,
                log=lambda *_: None)
     assert not (tmp_path / "search.json").exists()
+
+
+def test_registered_training_distribution_env_for_any_framework(tmp_path, monkeypatch):
+    """``gym.make("LLMCluster-TrainSynthetic-v0")``: a fresh training condition per reset, every
+    request accounted for, the final metrics, RouterRL on top; ``LLMCluster-Train-v0`` without
+    the data says which dataset and what runs without it; an unknown space is named."""
+    import gymnasium as gym
+
+    import llm_lb_gym
+    from llm_lb_gym.envs.wrappers import RouterRL
+    from llm_lb_gym.suite.env import ConditionEnv
+
+    assert set(llm_lb_gym.CONDITION_ENV_IDS) <= set(gym.registry)
+    env = gym.make("LLMCluster-TrainSynthetic-v0", num_instances=2)
+    obs, info = env.reset(seed=3)
+    first = info["condition"]
+    done, steps = False, 0
+    while not done:
+        obs, _, term, trunc, info = env.step(env.action_space.sample(mask=info["action_mask"]))
+        done, steps = term or trunc, steps + 1
+    m = info["metrics"]
+    assert term and m["completed"] + m["rejected"] == m["num_requests"] == 600
+    assert gym.make("LLMCluster-TrainSynthetic-v0", num_instances=2).reset(seed=3)[1]["condition"] == first
+    wrapped = RouterRL(gym.make("LLMCluster-TrainSynthetic-v0", num_instances=2))
+    _, winfo = wrapped.reset(seed=1)
+    assert wrapped.observation_space.contains(wrapped.reset(seed=1)[0]) and "condition" in winfo
+    with pytest.raises(ConfigError, match="condition space 'nope' is unknown; allowed: train, train_synthetic"):
+        ConditionEnv("nope")
+    empty = tmp_path / "data"
+    empty.mkdir()
+    monkeypatch.setenv("LLM_LB_GYM_DATA", str(empty))
+    with pytest.raises(ConfigError, match="train draws sharegpt:train, which is not here .*space='train_synthetic'"):
+        gym.make("LLMCluster-Train-v0")

@@ -11,6 +11,10 @@ when none is left) and, when any drawn cluster is mixed, every episode's observa
 the mixed-cluster features (``speed``, ``kv_size``), so a homogeneous episode has the same shape.
 ``env_options`` (``obs``, ``action``, ``reward``, ...) apply to every condition. Same seed, same
 sequence of conditions and episodes.
+
+Registered as ``gym.make("LLMCluster-Train-v0")`` (the training distribution ``TRAIN``: needs
+``../shared/data`` for its traces) and ``gym.make("LLMCluster-TrainSynthetic-v0")`` (its
+task-mix part, no data), each with ``num_instances`` and ``env_options`` as keywords.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import numpy as np
 from .._validate import ConfigError
 from ..envs.cluster_env import LLMClusterEnv
 from ..envs.observation import MIXED_CLUSTER_FEATURES
-from .condition import CLUSTERS, cluster_size
-from .suites import TRAIN, ConditionSpace
+from .condition import CLUSTERS, Condition, cluster_size, missing_data
+from .suites import ConditionSpace, get_space
 
 
 def _mixed(cluster: str) -> bool:
@@ -36,7 +40,15 @@ class ConditionEnv(gym.Env):
 
     metadata = {"render_modes": []}
 
-    def __init__(self, space: ConditionSpace = TRAIN, num_instances: int = 4, env_options: dict | None = None):
+    def __init__(self, space: ConditionSpace | str = "train", num_instances: int = 4,
+                 env_options: dict | None = None):
+        name = space if isinstance(space, str) else "the given space"
+        space = get_space(space)
+        for w, split, _ in space.workloads:    # up front: a missing dataset, not a failed reset later
+            why = missing_data(Condition(w, split))
+            if why is not None:
+                raise ConfigError(f"ConditionEnv: {name} draws {w}:{split}, which is not here ({why}); "
+                                  f"space='train_synthetic' (LLMCluster-TrainSynthetic-v0) needs no data")
         clusters = tuple((c, w) for c, w in space.clusters if cluster_size(c) == num_instances)
         if not clusters:
             sizes = sorted({cluster_size(c) for c, _ in space.clusters})
@@ -91,3 +103,15 @@ class ConditionEnv(gym.Env):
 
     def metrics(self) -> dict:
         return self.env.metrics()
+
+    def warn_if_truncated(self, max_episode_steps) -> None:
+        self.env.warn_if_truncated(max_episode_steps)
+
+    def __getattr__(self, name: str):
+        """The current condition's env answers what this one does not hold (``cluster``, ``m``,
+        ``cfg``, ...), so wrappers that read the unwrapped env (``RouterRL``, the routers of
+        ``make_env_router``) work on it. ``env`` itself is never forwarded (copies and pickles
+        look it up before it exists)."""
+        if name.startswith("__") or name in ("env", "space", "env_options", "condition"):
+            raise AttributeError(name)
+        return getattr(self.env, name)

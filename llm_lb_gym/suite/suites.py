@@ -85,6 +85,19 @@ TRAIN_SYNTHETIC = ConditionSpace(
 """The training distribution restricted to the task mix: what runs where ``../shared/data`` is
 absent (the README's main job on the embedded default)."""
 
+SPACES = {"train": TRAIN, "train_synthetic": TRAIN_SYNTHETIC}
+"""The condition spaces by name (``search.conditions``, ``ConditionEnv(space=...)``, the
+``LLMCluster-Train-v0`` ids)."""
+
+
+def get_space(space: "ConditionSpace | str") -> ConditionSpace:
+    """A space, or the one ``SPACES`` names (a named error otherwise)."""
+    if isinstance(space, ConditionSpace):
+        return space
+    if space not in SPACES:
+        raise ConfigError(f"condition space {space!r} is unknown; allowed: {', '.join(SPACES)}")
+    return SPACES[space]
+
 
 @dataclass(frozen=True)
 class Suite:
