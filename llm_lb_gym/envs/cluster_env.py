@@ -159,6 +159,8 @@ class LLMClusterEnv(gym.Env):
     - v0 (package 0.7): ``preset=`` and the ids ``LLMCluster-NearCapacity-v0``,
       ``LLMCluster-Overload-v0``, ``LLMCluster-Trace-v0`` (named regimes with a deployable noisy
       predictor); ``LLMCluster-v0``'s dynamics are unchanged. The action mask is int8 (was bool).
+      ``action.kv_room`` and ``action.hold_without_room_only`` (off by default) put
+      ``late_binding``'s KV-room rule in the mask; the dynamics do not change.
     """
 
     # render_fps: one frame per decision interval at the default 0.02 s (steps are not evenly
@@ -238,6 +240,10 @@ class LLMClusterEnv(gym.Env):
         self._fallback = None          # built on the first masked action (masked=fallback)
         self._defers = 0               # defers with requests waiting, this episode
         self._guarded = False          # the agent took a masked action: budget its defers
+        # action.kv_room: late_binding's room rule masks routes to instances without KV room.
+        self._room_rule = (make_env_router("late_binding", self, reserve=act.kv_room, period_s=0.0)
+                           if act.kv_room is not None else None)
+        self._hold_only_without_room = act.hold_without_room_only
         self.masked_actions = 0
         """Masked actions ``step`` handed to the fallback router this episode."""
 
@@ -274,6 +280,29 @@ class LLMClusterEnv(gym.Env):
             mask.setflags(write=False)
             self._masks[2 * n + defer_ok] = mask
         return mask
+
+    def _mask_without_room(self, cands: tuple[int, ...], defer_ok: bool) -> None:
+        """``action.kv_room``: clear the routes of candidates to instances without KV room for
+        them (``late_binding``'s ``rooms``/``need_blocks``/``fits``). Where that leaves no valid
+        action at all (defer masked too) the plain mask stays, so an episode always ends."""
+        rule, c, m = self._room_rule, self.cluster, self.m
+        rooms = rule.rooms(c)
+        homogeneous = c.speeds.homogeneous
+        mask = np.zeros(self.defer_action + 1, dtype=MASK_DTYPE)
+        mask[-1] = defer_ok
+        any_route = False
+        for j, rid in enumerate(cands):
+            need = rule.need_blocks(c, rid)
+            for i in range(m):
+                if not homogeneous:
+                    need = rule.need_blocks(c, rid, i)
+                if rule.fits(c, rooms[i], need, i):
+                    mask[j * m + i] = 1
+                    any_route = True
+        if any_route and self._hold_only_without_room:
+            mask[-1] = 0
+        if any_route or defer_ok:
+            self._mask = mask
 
     def _defer_budget_spent(self) -> bool:
         budget = self.cfg.action.defer_budget
@@ -367,7 +396,8 @@ class LLMClusterEnv(gym.Env):
         n_actions = self.defer_action + 1
         # coerce_action's first case inline: a plain int in range needs no call.
         a = action if type(action) is int and 0 <= action < n_actions else coerce_action(action, n_actions)
-        if a < self._valid_routes:   # routes a candidate (the common case first)
+        if a < self._valid_routes and (self._room_rule is None or self._mask[a]
+                                       or not self._fallback_on):   # routes a candidate
             rid = self._cands[a // self.m]
             q = self.cluster.queue
             pos = 0 if q[0] == rid else q.index(rid)
@@ -549,6 +579,8 @@ class LLMClusterEnv(gym.Env):
                 defer_ok = False
         mask = self._masks.get(2 * n + defer_ok)
         self._mask = mask if mask is not None else self._mask_of(n, defer_ok)
+        if n and self._room_rule is not None:
+            self._mask_without_room(cands, defer_ok)
         # What step checks an action against (a tuple indexes faster than an array).
         self._valid_routes, self._defer_ok = n * self.m, defer_ok
         return self._obs_fn(self.cluster, cands)

@@ -27,6 +27,7 @@ GUIDANCE_FORMS = ("weight", "hurl")
 MIXING_TEACHER = "mixing"
 ORDERS = ("oldest", "shortest", "scored")
 MASKED = ("fallback", "as_taken")
+KV_ROOM = ("full", "prompt")
 
 
 def _build(cls, value, kind: str):
@@ -176,6 +177,26 @@ class ActionConfig:
     meets the budget (its episodes are exactly as under ``as_taken``); heuristic routers
     (``route_step``) never read the mask. None: no budget."""
 
+    kv_room: str | None = None
+    """Mask routing a candidate to an instance without KV room for it: ``late_binding``'s rule
+    (``routers/late_binding.py``: the instance's free KV blocks minus what its not-yet-admitted
+    requests will take must hold the candidate's need above the watermark, and a sequence slot
+    must be free), the need counted as ``full`` (prompt + predicted decode: nothing preempts if
+    predictions hold) or ``prompt`` (prompt only). Where no candidate fits anywhere, defer is the
+    only valid action, so a mask-respecting agent (MaskablePPO) holds requests at the router
+    exactly when the rule says there is no room, and learns the rest (which candidate, which
+    instance, whether to hold anyway). A request larger than an empty instance's cache is capped
+    at it, so an idle instance always fits and an episode always ends; where the rule would leave
+    no valid action the plain mask is used. Under ``masked=fallback`` a route to an instance
+    without room is a masked action (the fallback router decides); ``as_taken`` carries it out.
+    None (default): routes are masked only for empty candidate slots."""
+    hold_without_room_only: bool = False
+    """With ``kv_room``: also mask defer while some candidate fits somewhere, so requests are
+    held at the router exactly when the room rule says none fits (late binding with continuous
+    release, ``late_binding``'s ``period_s=0``) and the agent chooses which candidate goes where.
+    Every policy of this action space, a random one included, then holds as that rule does:
+    report an agent beside the same action space's random policy."""
+
     def __post_init__(self) -> None:
         check_int("action.candidates", self.candidates, 1, 64)
         check_choice("action.order", self.order, ORDERS)
@@ -201,6 +222,11 @@ class ActionConfig:
         check_choice("action.fallback_router", self.fallback_router, ROUTERS)
         if self.defer_budget is not None:
             check_range("action.defer_budget", self.defer_budget, 0.0)
+        check_choice("action.kv_room", self.kv_room, (None, *KV_ROOM))
+        check_bool("action.hold_without_room_only", self.hold_without_room_only)
+        if self.hold_without_room_only and self.kv_room is None:
+            raise ConfigError("action.hold_without_room_only=True needs action.kv_room "
+                              f"(allowed: {', '.join(KV_ROOM)}); got kv_room=None")
 
 
 @dataclass(frozen=True)
@@ -284,7 +310,7 @@ class EnvConfig:
     obs: Any = None
     action: Any = None
     """ActionConfig or its options: candidates, order, max_wait_s, mask_idle_defer, masked,
-    fallback_router, defer_budget."""
+    fallback_router, defer_budget, kv_room."""
     decision_interval_s: float = DEFAULT_DECISION_INTERVAL_S
     """Time between router decisions (paper: 0.02 s, the minimum decode batch time)."""
     one_action_per_interval: bool = False
