@@ -257,9 +257,11 @@ class LLMClusterEnv(gym.Env):
     set_training_episode = set_guidance_episode   # the name llm_lb_gym.agents.callbacks calls
 
     def action_masks(self) -> np.ndarray:
-        """Valid actions: route one of the current candidates to any instance; defer, unless
-        requests wait on an idle cluster (``action.mask_idle_defer``) or, under
-        ``action.masked=fallback``, the episode's defers have used ``action.defer_budget``.
+        """Valid actions: route one of the current candidates to any instance (with
+        ``action.kv_room``: to an instance with KV room for it); defer, unless requests wait on
+        an idle cluster (``action.mask_idle_defer``), under ``action.masked=fallback`` the
+        episode's defers have used ``action.defer_budget``, or with
+        ``action.hold_without_room_only`` some candidate fits somewhere.
 
         ``int8`` 0/1 (``MASK_DTYPE``), what ``action_space.sample(mask=...)`` takes; torch code
         that masks with ``~`` needs ``.bool()`` first (``~`` of an int8 is a bitwise not).
