@@ -11,8 +11,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from llm_lb_gym._validate import ConfigError, check_choice, check_int
-from llm_lb_gym.experiments._hydra import router_options, run_dir, to_container, write_run_record
+from llm_lb_gym.experiments._evaluation import load_agent_for
+from llm_lb_gym.experiments._hydra import env_kwargs, router_options, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
+from llm_lb_gym.experiments._serve_policy import find_model
 from llm_lb_gym.routers import registry as _routers
 from llm_lb_gym.suite.condition import missing_data
 from llm_lb_gym.suite.report import SuiteResult, aggregate_table, condition_table, overview_table
@@ -32,8 +34,11 @@ def policies(cfg) -> list[PolicySpec]:
     for label, spec in (to_container(cfg.trained) or {}).items():
         spec = dict(spec or {})
         if "model" in spec:
-            raise ConfigError(f"benchmark.trained.{label}: model= (a network) is not benchmarked yet; "
-                              f"allowed: router= with options=")
+            bad = sorted(set(spec) - {"model"})
+            if bad:
+                raise ConfigError(f"benchmark.trained.{label}: a network row takes model= only; unknown keys {bad}")
+            out.append(PolicySpec(label, kind="trained", agent=NetworkPlayer(label, str(spec["model"]))))
+            continue
         bad = sorted(set(spec) - {"router", "options"})
         if bad or "router" not in spec:
             raise ConfigError(f"benchmark.trained.{label}: needs router= (and options=); unknown keys {bad}")
@@ -51,8 +56,65 @@ def policies(cfg) -> list[PolicySpec]:
     from llm_lb_gym.routers.registry import make_router
 
     for p in out:                      # options errors now, not after an hour of episodes
-        make_router(p.router, **p.options)
+        if p.agent is None:
+            make_router(p.router, **p.options)
     return out
+
+
+class NetworkPlayer:
+    """A trained network (``benchmark.trained.LABEL.model``: the run directory of ``llm-lb-gym
+    improve`` or ``train``, or its model file) playing a condition: the condition's cluster,
+    traffic, predictor and seed, with the observation and action options the network was
+    trained with (its run's ``resolved_config.yaml``; a distilled network's holds as its
+    teacher takes them, ``DistilledAgent.ENV_OPTIONS``). A condition the network cannot observe
+    (another instance count for an SB3 agent, a mixed cluster's features) is named by
+    :meth:`check` before any episode runs."""
+
+    def __init__(self, label: str, path: str):
+        from omegaconf import OmegaConf
+
+        where = f"benchmark.trained.{label}.model"
+        try:
+            run, model = find_model(path, None)
+        except ConfigError as err:
+            raise ConfigError(f"{where}: {err}".replace("--policy: ", "")) from None
+        cfg_path = run / "resolved_config.yaml"
+        if not cfg_path.is_file():
+            raise ConfigError(f"{where}: {cfg_path} does not exist (the env the network was trained in)")
+        train_cfg = OmegaConf.load(cfg_path)
+        trained = env_kwargs(train_cfg)
+        self.env_options = {k: trained[k] for k in ("action", "obs") if trained.get(k)}
+        if model.suffix == ".pt":
+            from llm_lb_gym.agents.policy_iteration import DistilledAgent
+
+            self.env_options["action"] = {**self.env_options.get("action", {}),
+                                          **DistilledAgent.ENV_OPTIONS["action"]}
+            self.spec = {"kind": "distilled", "path": str(model), "env": self.env_options}
+        else:
+            kind = OmegaConf.select(train_cfg, "agent.name")
+            if kind is None:
+                raise ConfigError(f"{where}: {cfg_path} names no agent (agent.name) for {model.name}")
+            self.spec = {"kind": str(kind), "path": str(model), "env": self.env_options}
+        self.where = where
+
+    def __call__(self, kw: dict):
+        return load_agent_for(self.spec, kw)
+
+    def check(self, cond, kw: dict) -> None:
+        """Build the agent on ``cond``'s env and take one decision: what does not fit raises here."""
+        from llm_lb_gym.rollout import predict_action
+
+        try:
+            agent, env = self(kw)
+            obs, info = env.reset(seed=0)
+            predict_action(agent, obs, info.get("action_mask"), deterministic=True)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"{self.where}: the network cannot play condition {cond.name!r} "
+                              f"({type(exc).__name__}: {exc}); a network observes the cluster kind it was "
+                              f"trained on (mixed clusters add features), an SB3 agent also its instance "
+                              f"count: benchmark a suite of such conditions") from None
 
 
 def suite_of(cfg, log=say) -> tuple[Suite, list[str]]:
@@ -84,6 +146,12 @@ def benchmark(cfg, out: Path | None = None, log=say) -> dict:
     check_int("benchmark.workers", cfg.workers, 1)
     out = Path(out) if out is not None else run_dir(cfg)
     write_run_record(out, cfg)
+    from llm_lb_gym.suite.runner import condition_kwargs
+
+    for p in pols:                     # a network meets every condition once, before the episodes
+        if isinstance(p.agent, NetworkPlayer):
+            for c in suite.conditions:
+                p.agent.check(c, condition_kwargs(c, p.kind))
     jobs = [(c, p, s) for c in suite.conditions for p in pols for s in suite.seed_list]
     log(f"suite {suite.name}: {len(suite.conditions)} conditions x {suite.seeds} seeds x "
         f"{len(pols)} policies = {len(jobs)} episodes on {cfg.workers} worker(s)")

@@ -128,6 +128,17 @@ def policy_options(cfg) -> dict:
     return all_router_options(cfg)
 
 
+def load_agent_for(spec: dict, kw: dict):
+    """A trained agent (``spec`` as :func:`_load_agent`'s) and the env it acts in, built from the
+    env keywords ``kw`` (the benchmark's condition) merged with the agent's own options."""
+    import gymnasium as gym
+
+    if spec.get("env"):
+        return _load_agent(spec, kw, None)
+    env = gym.make("LLMCluster-v0", **kw)
+    return _load_agent(spec, kw, env)
+
+
 def _load_agent(spec: dict, kw: dict, env):
     """A trained agent and the env it acts in. ``spec``: ``kind``, ``path``, and optionally
     ``env`` (env options that differ for this agent, e.g. the learned router's action and

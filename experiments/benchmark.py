@@ -3,6 +3,7 @@
     llm-lb-gym benchmark                         # the held-out suite, every heuristic and the searched router
     llm-lb-gym benchmark suite=smoke             # two tiny task-mix conditions (seconds)
     llm-lb-gym benchmark 'clairvoyant=[scored_binding]' seeds=10
+    llm-lb-gym benchmark '+trained.net={model: outputs/improve/RUN}'   # a trained network beside them
 
 The conditions (traffic x load x predictor accuracy x cluster) and the training / held-out split
 are ``llm_lb_gym/suite/suites.py``'s (docs/benchmark.md); every policy plays the same seeded

@@ -241,3 +241,39 @@ def test_registered_training_distribution_env_for_any_framework(tmp_path, monkey
     monkeypatch.setenv("LLM_LB_GYM_DATA", str(empty))
     with pytest.raises(ConfigError, match="train draws sharegpt:train, which is not here .*space='train_synthetic'"):
         gym.make("LLMCluster-Train-v0")
+
+
+def test_benchmark_plays_a_trained_network_on_the_suites_episodes(tmp_path):
+    """``benchmark.trained.net.model``: an ``llm-lb-gym improve`` run's network plays every
+    condition of the suite (its own action/observation options, the condition's cluster, traffic
+    and predictor) on the same seeds as the heuristics; what it cannot play is named before any
+    episode; a bad path names the option."""
+    pytest.importorskip("torch")
+    import importlib
+
+    from llm_lb_gym.experiments._hydra import compose
+    from llm_lb_gym.experiments.benchmark import benchmark
+
+    improve_run = importlib.import_module("tests.test_serve_artifacts").improve_run
+    run = tmp_path / "improve"
+    run.mkdir()
+    improve_run(run)                               # a 2-instance network, output layers random
+    over = ["suite=smoke", "seeds=1", "workers=1", "progress=false", "heuristics=[round_robin,late_binding]"]
+    cfg = compose("benchmark", over + ["~trained.scored_binding", f"+trained.net={{model: {run}}}"])
+    out = benchmark(cfg, out=tmp_path / "a", log=lambda *_: None)
+    rows = out["result"].rows
+    net = [r for r in rows if r["policy"] == "net"]
+    lb = [r for r in rows if r["policy"] == "late_binding"]
+    assert len(net) == len(SMOKE.conditions) and all(r["kind"] == "trained" for r in net)
+    assert all(r["completed"] + r["rejected"] == r["num_requests"] for r in net)
+    assert [r["mean_e2e_s"] for r in net] != [r["mean_e2e_s"] for r in lb]   # it decides itself
+    assert "| net | trained |" in (tmp_path / "a" / "summary.md").read_text()
+    from llm_lb_gym.experiments._benchmark import NetworkPlayer
+    from llm_lb_gym.suite.runner import condition_kwargs
+
+    mixed = Condition("task_mix", load=1.0, accuracy=0.79, cluster="2xA100+2xV100", requests_per_instance=20)
+    with pytest.raises(ConfigError, match="the network cannot play condition 'task_mix 1x acc0.79 2xA100"):
+        NetworkPlayer("net", str(run)).check(mixed, condition_kwargs(mixed, "trained"))
+    with pytest.raises(ConfigError, match="benchmark.trained.net.model: .*does not exist"):
+        benchmark(compose("benchmark", over + [f"+trained.net={{model: {tmp_path / 'nowhere'}}}"]),
+                  out=tmp_path / "b", log=lambda *_: None)

@@ -6,7 +6,10 @@ is a router with options (``PolicySpec``), tagged ``heuristic``, ``trained`` (op
 found by training) or ``clairvoyant`` (played with the oracle predictor instead of the
 condition's deployable one: a reference, never a result). Models a router cannot express (a
 distilled network) plug in through ``PolicySpec.make``: a function ``(env) -> router`` called
-once per worker process and env.
+once per worker process and env; a trained agent that acts in an env of its own options (a
+network of ``llm-lb-gym improve`` or ``train``) through ``PolicySpec.agent``: ``(the condition's
+env keywords) -> (agent, the env it acts in)``, played with ``rollout_agent`` on the same seeded
+episode.
 
 Episodes run in ``workers`` forked processes, each keeping a few envs (one per condition it
 met); capacities are measured in the parent first so every worker shares them.
@@ -39,11 +42,13 @@ class PolicySpec:
     kind: str = "heuristic"
     make: Callable[[Any], Any] | None = None
     """``(unwrapped env) -> router`` for policies that are not registry routers (models)."""
+    agent: Callable[[dict], tuple[Any, Any]] | None = None
+    """``(condition env keywords) -> (agent, env)``: a trained agent and the env it acts in."""
 
     def __post_init__(self) -> None:
         check_choice(f"policy {self.label!r} kind", self.kind, KINDS)
-        if not self.router and self.make is None:
-            raise ValueError(f"policy {self.label!r} needs a router name or make=")
+        if not self.router and self.make is None and self.agent is None:
+            raise ValueError(f"policy {self.label!r} needs a router name, make= or agent=")
 
     def __hash__(self) -> int:
         return hash((self.label, self.router, self.kind))
@@ -77,8 +82,12 @@ def _env(kw: dict):
 
 def play(kw: dict, policy: PolicySpec, seed: int) -> dict:
     """Metrics of one seeded episode of env ``kw`` under ``policy``."""
-    from ..rollout import make_env_router, rollout_router
+    from ..rollout import make_env_router, rollout_agent, rollout_router
 
+    if policy.agent is not None:
+        agent, agent_env = policy.agent(kw)
+        m = rollout_agent(agent_env, agent, seed).metrics
+        return {k: m.get(k) for k in METRICS}
     env = _env(kw)
     router = policy.make(env) if policy.make is not None else make_env_router(
         policy.router, env, **policy.options)
