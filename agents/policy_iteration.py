@@ -48,6 +48,7 @@ from llm_lb_gym._validate import ConfigError, check_choice, check_int, check_ran
 from llm_lb_gym.sim.clock import DEFAULT_DECISION_INTERVAL_S
 
 EXECUTORS = ("process", "ray", "inline")
+CONDITIONS = ("setting", "train", "train_synthetic")
 LOSSES = ("ce", "advantage")
 
 
@@ -100,9 +101,17 @@ class PolicyIterationConfig:
     workers: int = 2
     executor: str = "process"
     seed: int = 0
+    conditions: str = "setting"
+    """``setting``: every episode is the env given to :func:`policy_iteration`; ``train`` /
+    ``train_synthetic``: each round's episodes and the validation episodes are conditions drawn
+    from that space (``suite.suites``: workload, load, predictor accuracy, cluster) with the
+    setting's observation, action and reward options, on clusters of ``condition_instances``."""
+    condition_instances: int = 4
 
     def __post_init__(self) -> None:
         p = "improve"
+        check_choice(f"{p}.conditions", self.conditions, CONDITIONS)
+        check_int(f"{p}.condition_instances", self.condition_instances, 1)
         for name, lo in (("rounds", 0), ("episodes_per_round", 1), ("label_every", 1),
                          ("max_labels_per_episode", 1), ("samples", 1),
                          ("epochs", 1), ("batch_size", 1), ("embed_dim", 1), ("workers", 1),
@@ -475,9 +484,41 @@ def _logits(net, obs: np.ndarray, teacher: np.ndarray, prior: float) -> np.ndarr
         return prior_logits(net, th.from_numpy(obs), th.from_numpy(teacher), prior).numpy()
 
 
-def _episodes(kw, cfg, seeds, net, layout, label: bool, label_seed: int = 0) -> list[dict]:
+def _episodes(pairs, cfg, net, layout, label: bool, label_seed: int = 0) -> list[dict]:
+    """``pairs``: (env keywords, seed) of each episode."""
     w = None if net is None else _weights_bytes(net)
-    return _map(run_episode, [(kw, cfg, s, w, layout, label, label_seed) for s in seeds], cfg)
+    return _map(run_episode, [(kw, cfg, s, w, layout, label, label_seed) for kw, s in pairs], cfg)
+
+
+def condition_pairs(kw: dict, cfg: PolicyIterationConfig, seeds, draw: int) -> list[tuple[dict, int]]:
+    """(env keywords, seed) per episode: the setting ``kw`` on each seed, or (``cfg.conditions``)
+    a condition drawn per seed from the space (``default_rng([cfg.seed, draw])``) with the
+    setting's observation, action, reward and decision-interval options on top. The space's
+    clusters are those of ``cfg.condition_instances`` instances; where one is mixed, the
+    setting's observation must carry the mixed-cluster features (checked, named)."""
+    if cfg.conditions == "setting":
+        return [(kw, s) for s in seeds]
+    import dataclasses
+
+    from llm_lb_gym.envs.observation import MIXED_CLUSTER_FEATURES
+    from llm_lb_gym.suite.condition import CLUSTERS, cluster_size
+    from llm_lb_gym.suite.suites import get_space
+
+    space = get_space(cfg.conditions)
+    clusters = tuple((c, w) for c, w in space.clusters if cluster_size(c) == cfg.condition_instances)
+    if not clusters:
+        raise ConfigError(f"improve.condition_instances={cfg.condition_instances}: no cluster of space "
+                          f"{cfg.conditions!r} has that many instances; allowed: "
+                          f"{sorted({cluster_size(c) for c, _ in space.clusters})}")
+    feats = set((kw.get("obs") or {}).get("features") or ())
+    missing = [f for f in MIXED_CLUSTER_FEATURES if f not in feats]
+    if any("instances" in CLUSTERS[c] for c, _ in clusters) and missing:
+        raise ConfigError(f"improve.conditions={cfg.conditions!r} draws mixed clusters: env.obs.features "
+                          f"needs {', '.join(missing)} (the network then observes every episode alike)")
+    space = dataclasses.replace(space, clusters=clusters)
+    own = {k: kw[k] for k in ("obs", "action", "reward", "decision_interval_s") if k in kw}
+    conds = space.sample(np.random.default_rng([cfg.seed, draw]), len(seeds))
+    return [({**c.env_kwargs(), **own}, s) for c, s in zip(conds, seeds)]
 
 
 def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
@@ -491,10 +532,11 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
 
     import llm_lb_gym  # noqa: F401
 
-    env = gym.make("LLMCluster-v0", **kw).unwrapped
+    val_pairs = condition_pairs(kw, cfg, cfg.validation_seeds, 10_000)
+    env = gym.make("LLMCluster-v0", **val_pairs[0][0]).unwrapped
     layout = env.obs_layout.as_dict()
     t_start = time.perf_counter()
-    teacher_val = _episodes(kw, cfg, cfg.validation_seeds, None, layout, False)
+    teacher_val = _episodes(val_pairs, cfg, None, layout, False)
     skipped = sum(int((ep["teacher"] < 0).sum()) for ep in teacher_val)
     decisions = sum(len(ep["teacher"]) for ep in teacher_val)
     if skipped > 0.01 * max(decisions, 1):
@@ -508,7 +550,7 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
     history: list[dict] = []
 
     def record(r: int, extra: dict) -> dict:
-        val = _episodes(kw, cfg, cfg.validation_seeds, net, layout, False)
+        val = _episodes(val_pairs, cfg, net, layout, False)
         e2e = np.array([ep["metrics"]["mean_e2e_s"] for ep in val])
         d = 100.0 * (e2e - teacher_e2e) / teacher_e2e
         row = {"round": r, "val_mean_e2e_s": float(e2e.mean()), "val_vs_teacher_pct": float(d.mean()),
@@ -532,7 +574,7 @@ def policy_iteration(kw: dict, cfg: PolicyIterationConfig, out=None, log=print,
     data: dict[str, list] = {"obs": [], "mask": [], "teacher": [], "target": [], "adv": [], "weight": []}
     for r in range(1, cfg.rounds + 1):
         seeds = [cfg.round_seed + 100 * r + e for e in range(cfg.episodes_per_round)]
-        eps = _episodes(kw, cfg, seeds, net, layout, True, cfg.seed + r)
+        eps = _episodes(condition_pairs(kw, cfg, seeds, r), cfg, net, layout, True, cfg.seed + r)
         n_lab, gains, ses, deviate = 0, [], [], 0
         for ep in eps:
             rows = [i for i, a in enumerate(ep["adv"]) if a is not None]

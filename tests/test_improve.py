@@ -392,3 +392,29 @@ def test_numpy_actor_matches_the_network():
         if term or trunc:
             break
     assert checked > 20
+
+
+def test_episodes_over_the_training_distribution():
+    """improve.conditions: each episode a condition drawn from the space (seeded), the setting's
+    observation/action/reward options on top, one instance count; a mixed cluster without the
+    mixed-cluster features and an instance count the space lacks are named."""
+    from llm_lb_gym.agents.policy_iteration import condition_pairs
+
+    kw = {"obs": {"features": ["age", "speed", "kv_size"]}, "action": {"candidates": 4},
+          "reward": {"penalty": "latency"}, "num_instances": 2}
+    cfg = _cfg(conditions="train_synthetic", condition_instances=4)
+    pairs = condition_pairs(kw, cfg, [500, 501, 502], 10_000)
+    assert [s for _, s in pairs] == [500, 501, 502]
+    assert all(p["obs"] == kw["obs"] and p["action"] == kw["action"] and p["reward"] == kw["reward"]
+               for p, _ in pairs)
+    sizes = {len(p["instances"]) if "instances" in p else p["num_instances"] for p, _ in pairs}
+    assert sizes == {4}
+    assert condition_pairs(kw, cfg, [500, 501, 502], 10_000) == pairs          # seeded
+    assert condition_pairs(kw, cfg, [500, 501, 502], 1) != pairs               # another draw
+    assert condition_pairs(kw, _cfg(), [7], 0) == [(kw, 7)]                    # the setting
+    with pytest.raises(ConfigError, match="draws mixed clusters: env.obs.features needs speed, kv_size"):
+        condition_pairs({"obs": {"features": ["age"]}}, cfg, [500], 0)
+    with pytest.raises(ConfigError, match="improve.condition_instances=3: no cluster"):
+        condition_pairs(kw, _cfg(conditions="train_synthetic", condition_instances=3), [500], 0)
+    with pytest.raises(ConfigError, match="improve.conditions='nope'"):
+        _cfg(conditions="nope")
