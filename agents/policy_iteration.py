@@ -498,24 +498,16 @@ def condition_pairs(kw: dict, cfg: PolicyIterationConfig, seeds, draw: int) -> l
     setting's observation must carry the mixed-cluster features (checked, named)."""
     if cfg.conditions == "setting":
         return [(kw, s) for s in seeds]
-    import dataclasses
-
     from llm_lb_gym.envs.observation import MIXED_CLUSTER_FEATURES
-    from llm_lb_gym.suite.condition import CLUSTERS, cluster_size
     from llm_lb_gym.suite.suites import get_space
 
-    space = get_space(cfg.conditions)
-    clusters = tuple((c, w) for c, w in space.clusters if cluster_size(c) == cfg.condition_instances)
-    if not clusters:
-        raise ConfigError(f"improve.condition_instances={cfg.condition_instances}: no cluster of space "
-                          f"{cfg.conditions!r} has that many instances; allowed: "
-                          f"{sorted({cluster_size(c) for c, _ in space.clusters})}")
+    space = get_space(cfg.conditions).with_instances(
+        cfg.condition_instances, f"improve.condition_instances={cfg.condition_instances}")
     feats = set((kw.get("obs") or {}).get("features") or ())
     missing = [f for f in MIXED_CLUSTER_FEATURES if f not in feats]
-    if any("instances" in CLUSTERS[c] for c, _ in clusters) and missing:
+    if space.mixed and missing:
         raise ConfigError(f"improve.conditions={cfg.conditions!r} draws mixed clusters: env.obs.features "
                           f"needs {', '.join(missing)} (the network then observes every episode alike)")
-    space = dataclasses.replace(space, clusters=clusters)
     own = {k: kw[k] for k in ("obs", "action", "reward", "decision_interval_s") if k in kw}
     conds = space.sample(np.random.default_rng([cfg.seed, draw]), len(seeds))
     return [({**c.env_kwargs(), **own}, s) for c, s in zip(conds, seeds)]

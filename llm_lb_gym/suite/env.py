@@ -19,20 +19,14 @@ task-mix part, no data), each with ``num_instances`` and ``env_options`` as keyw
 
 from __future__ import annotations
 
-import dataclasses
-
 import gymnasium as gym
 import numpy as np
 
 from .._validate import ConfigError
 from ..envs.cluster_env import LLMClusterEnv
 from ..envs.observation import MIXED_CLUSTER_FEATURES
-from .condition import CLUSTERS, Condition, cluster_size, missing_data
+from .condition import Condition, missing_data
 from .suites import ConditionSpace, get_space
-
-
-def _mixed(cluster: str) -> bool:
-    return "instances" in CLUSTERS[cluster]
 
 
 class ConditionEnv(gym.Env):
@@ -49,19 +43,14 @@ class ConditionEnv(gym.Env):
             if why is not None:
                 raise ConfigError(f"ConditionEnv: {name} draws {w}:{split}, which is not here ({why}); "
                                   f"space='train_synthetic' (LLMCluster-TrainSynthetic-v0) needs no data")
-        clusters = tuple((c, w) for c, w in space.clusters if cluster_size(c) == num_instances)
-        if not clusters:
-            sizes = sorted({cluster_size(c) for c, _ in space.clusters})
-            raise ConfigError(f"ConditionEnv: no cluster of the space has num_instances={num_instances}; "
-                              f"allowed: {', '.join(map(str, sizes))}")
-        self.space = dataclasses.replace(space, clusters=clusters)
+        self.space = space.with_instances(num_instances, "ConditionEnv")
         self.env_options = dict(env_options or {})
         for key in ("num_instances", "instances", "engine", "workload", "predictor", "num_requests",
                     "arrival_rate_rps"):
             if key in self.env_options:
                 raise ConfigError(f"ConditionEnv: env_options.{key} is set by each condition; allowed: "
                                   "obs, action, reward, slo, decision_interval_s, ...")
-        if any(_mixed(c) for c, _ in clusters):
+        if self.space.mixed:
             obs = dict(self.env_options.get("obs") or {})
             feats = list(obs.get("features") or ())
             obs["features"] = tuple(feats + [f for f in MIXED_CLUSTER_FEATURES if f not in feats])

@@ -66,6 +66,25 @@ class ConditionSpace:
             out.append(Condition(w, split, load, acc, c, self.requests_per_instance))
         return out
 
+    def with_instances(self, m: int, where: str) -> "ConditionSpace":
+        """This space on its clusters of ``m`` instances (a learner's spaces are fixed); ``where``
+        names the option in the error when there is none."""
+        from dataclasses import replace
+
+        from .condition import cluster_size
+
+        clusters = tuple((c, w) for c, w in self.clusters if cluster_size(c) == m)
+        if not clusters:
+            sizes = sorted({cluster_size(c) for c, _ in self.clusters})
+            raise ConfigError(f"{where}: no cluster of the space has num_instances={m}; "
+                              f"allowed: {', '.join(map(str, sizes))}")
+        return replace(self, clusters=clusters)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether any cluster it draws is mixed (its observation needs the mixed-cluster features)."""
+        return any("instances" in CLUSTERS[c] for c, _ in self.clusters)
+
     def rows_used(self) -> set[tuple[str, str]]:
         """(workload, split) pairs this space draws rows from."""
         return {(w, s) for w, s, _ in self.workloads}
