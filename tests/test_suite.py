@@ -249,12 +249,11 @@ def test_benchmark_plays_a_trained_network_on_the_suites_episodes(tmp_path):
     and predictor) on the same seeds as the heuristics; what it cannot play is named before any
     episode; a bad path names the option."""
     pytest.importorskip("torch")
-    import importlib
+    from test_serve_artifacts import improve_run   # tests/ is on sys.path (rootdir-less layout)
 
     from llm_lb_gym.experiments._hydra import compose
     from llm_lb_gym.experiments.benchmark import benchmark
 
-    improve_run = importlib.import_module("tests.test_serve_artifacts").improve_run
     run = tmp_path / "improve"
     run.mkdir()
     improve_run(run)                               # a 2-instance network, output layers random
