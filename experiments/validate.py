@@ -4,6 +4,7 @@
     llm-lb-gym validate --before         # the same cases under the kernel-profile presets (issue 33's start)
     llm-lb-gym validate --fit            # refit on the fitted part, then validate (a few minutes)
     llm-lb-gym validate --split held_out --json out.json
+    llm-lb-gym validate --no-frontend    # the serving fit's engine alone: what the API server's stage adds
 
 The corpus (``llm_lb_gym/calibration/corpus.json``, docs/calibration.md) holds published
 end-to-end results of vLLM servers with their setup; each case is replayed on one simulated
@@ -19,6 +20,7 @@ server's per-request work, not the GPU, sets the pace).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -34,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--before", action="store_true",
                     help="the kernel-profile presets, no frontend (the simulator before issue 33)")
     ap.add_argument("--fit", action="store_true", help="refit the serving factors on the fitted part first")
+    ap.add_argument("--no-frontend", action="store_true",
+                    help="drop the API server's frontend stage (sim/frontend.py): the engine's own figures, "
+                         "to see what the frontend adds to each case")
     ap.add_argument("--json", default=None, help="write every case's figures and errors here")
     return ap
 
@@ -70,10 +75,13 @@ def main(argv=None) -> dict:
         cal = fit(corpus)
     else:
         cal = before_calibration() if args.before else ServingCalibration.shipped()
+    if args.no_frontend:
+        cal = dataclasses.replace(cal, frontend=None)
     cases = corpus.cases if args.split == "all" else corpus.split(args.split)
     results = evaluate(cases, corpus, cal)
     print(f"llm_lb_gym {__version__}; corpus sha256 {corpus_digest()[:16]}, {len(corpus.cases)} cases; "
-          f"{'kernel-profile presets, no frontend' if args.before else 'serving fit'}")
+          f"{'kernel-profile presets, no frontend' if args.before else 'serving fit'}"
+          f"{', frontend dropped' if args.no_frontend and not args.before else ''}")
     print(f"{'case':<46}{'split':<9}{'figure':<16}{'measured':>11}{'simulated':>11}{'error':>8}")
     for r in results:
         for k, v in r.case.measured.items():
@@ -86,7 +94,8 @@ def main(argv=None) -> dict:
     for (split, src), rs in sorted(groups.items()):
         med, mx, n = summary(rs, headline_errors)
         print(f"  {split:<9}{src:<40}{med:>7.1%} / {mx:>6.1%}  ({n} figures)")
-    report = {"version": __version__, "corpus_sha256": corpus_digest(), "before": args.before, "splits": {}}
+    report = {"version": __version__, "corpus_sha256": corpus_digest(), "before": args.before,
+              "frontend": cal.frontend is not None, "splits": {}}
     for split in ("fitted", "held_out"):
         for k in ("gpu-bound", "api-bound"):
             rs = [r for r in results if r.case.split == split and kind(r.case) == k]

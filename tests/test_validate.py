@@ -113,3 +113,21 @@ def test_validate_command_prints_both_parts(capsys):
     out = capsys.readouterr().out
     assert "gpustack-qwen3-14b-h100/random-128" in out and "fitted, api-bound" in out
     assert report["splits"]["fitted/gpu-bound"]["max"] <= 0.15
+
+
+def test_validate_without_the_frontend_shows_what_it_adds(tmp_path):
+    """``--no-frontend``: the same engines without the API server's stage; every case's TTFT is
+    then shorter (the stage only ever adds client-side time), and the report says which ran."""
+    import json
+
+    from llm_lb_gym.experiments import validate
+
+    with_fe, without = tmp_path / "with.json", tmp_path / "without.json"
+    assert validate.main(["--split", "held_out", "--json", str(with_fe)])["frontend"] is True
+    assert validate.main(["--split", "held_out", "--no-frontend", "--json", str(without)])["frontend"] is False
+    a = {c["id"]: c["simulated"] for c in json.loads(with_fe.read_text())["cases"]}
+    b = {c["id"]: c["simulated"] for c in json.loads(without.read_text())["cases"]}
+    assert a.keys() == b.keys()
+    for cid, sim in b.items():
+        key = "median_ttft_ms" if "median_ttft_ms" in sim else "mean_ttft_ms"
+        assert sim[key] < a[cid][key], cid
