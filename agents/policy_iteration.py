@@ -630,6 +630,15 @@ class DistilledAgent:
 
     ENV_OPTIONS = {"action": {"masked": "as_taken"}}
 
+    @classmethod
+    def env_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` (env keywords: the run's, or only its action and observation options)
+        with ``ENV_OPTIONS`` merged into the action options: the env the network acts in, the
+        one place that says so for every loader (serve, benchmark, evaluate, improve)."""
+        out = dict(options)
+        out["action"] = {**(out.get("action") or {}), **cls.ENV_OPTIONS["action"]}
+        return out
+
     def __init__(self, policy: NetPolicy, env):
         from llm_lb_gym.rollout import make_env_router
 

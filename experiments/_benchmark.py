@@ -14,7 +14,7 @@ from llm_lb_gym._validate import ConfigError, check_choice, check_int
 from llm_lb_gym.experiments._evaluation import load_agent_for
 from llm_lb_gym.experiments._hydra import env_kwargs, router_options, run_dir, to_container, write_run_record
 from llm_lb_gym.experiments._progress import say
-from llm_lb_gym.experiments._serve_policy import find_model
+from llm_lb_gym.experiments._serve_policy import read_run
 from llm_lb_gym.routers import registry as _routers
 from llm_lb_gym.suite.condition import missing_data
 from llm_lb_gym.suite.report import SuiteResult, aggregate_table, condition_table, overview_table
@@ -71,30 +71,10 @@ class NetworkPlayer:
     :meth:`check` before any episode runs."""
 
     def __init__(self, label: str, path: str):
-        from omegaconf import OmegaConf
-
         where = f"benchmark.trained.{label}.model"
-        try:
-            run, model = find_model(path, None)
-        except ConfigError as err:
-            raise ConfigError(f"{where}: {err}".replace("--policy: ", "")) from None
-        cfg_path = run / "resolved_config.yaml"
-        if not cfg_path.is_file():
-            raise ConfigError(f"{where}: {cfg_path} does not exist (the env the network was trained in)")
-        train_cfg = OmegaConf.load(cfg_path)
-        trained = env_kwargs(train_cfg)
+        _, model, _, kind, trained = read_run(path, None, where)
         self.env_options = {k: trained[k] for k in ("action", "obs") if trained.get(k)}
-        if model.suffix == ".pt":
-            from llm_lb_gym.agents.policy_iteration import DistilledAgent
-
-            self.env_options["action"] = {**self.env_options.get("action", {}),
-                                          **DistilledAgent.ENV_OPTIONS["action"]}
-            self.spec = {"kind": "distilled", "path": str(model), "env": self.env_options}
-        else:
-            kind = OmegaConf.select(train_cfg, "agent.name")
-            if kind is None:
-                raise ConfigError(f"{where}: {cfg_path} names no agent (agent.name) for {model.name}")
-            self.spec = {"kind": str(kind), "path": str(model), "env": self.env_options}
+        self.spec = {"kind": kind, "path": str(model), "env": self.env_options}
         self.where = where
 
     def __call__(self, kw: dict):

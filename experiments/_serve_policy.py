@@ -63,6 +63,40 @@ def find_model(path: str, model_file: str | None) -> tuple[Path, Path]:
                  f"(llm-lb-gym train); give --policy-model FILE for another file")
 
 
+def read_run(path: str, model_file: str | None = None, where: str = "--policy"):
+    """A trained network's run, read once for every loader (serve, benchmark): (run directory,
+    model file, the run's config, the agent kind ``distilled`` or the SB3 ``agent.name``, the
+    env keywords the network acts with: the run's env, a distilled network's with
+    ``DistilledAgent.env_options``). Errors name ``where``."""
+    from omegaconf import OmegaConf
+
+    from llm_lb_gym._validate import ConfigError
+
+    try:
+        d, model = find_model(path, model_file)
+    except ConfigError as err:
+        raise _error(str(err).replace("--policy", where, 1)) from None
+    cfg_path = d / "resolved_config.yaml"
+    if not cfg_path.is_file():
+        raise _error(f"{where}: {cfg_path} does not exist (the run's resolved config: the env the "
+                     f"network was trained in)")
+    try:
+        train_cfg = OmegaConf.load(cfg_path)
+        kw = env_kwargs(train_cfg)
+    except Exception as exc:
+        raise _error(f"{where}: {cfg_path} is not a readable run config: {exc}") from None
+    kw.pop("max_episode_steps", None)    # gym.make's TimeLimit, not the env's
+    if model.suffix == ".pt":
+        from llm_lb_gym.agents.policy_iteration import DistilledAgent
+
+        return d, model, train_cfg, "distilled", DistilledAgent.env_options(kw)
+    kind = OmegaConf.select(train_cfg, "agent.name")
+    if kind is None:
+        raise _error(f"{where}: {cfg_path} names no agent (agent.name) for {model.name}; an llm-lb-gym "
+                     f"improve run's network is {IMPROVE_MODEL}")
+    return d, model, train_cfg, str(kind), kw
+
+
 def _check_servable(env, cfg_path: Path) -> None:
     for f in env.obs_cfg.features:
         if f in UNSERVED_FEATURES:
@@ -79,36 +113,16 @@ def load_policy(path: str, model_file: str | None, cfg, fallback: str | None = N
     the router while a backend is down (the network fixes the instance count); None: the
     network's own (the distilled router's teacher with its options, an SB3 agent's
     ``action.fallback_router``)."""
-    from llm_lb_gym._validate import ConfigError
     from llm_lb_gym.envs.cluster_env import LLMClusterEnv
     from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.serve.learned import LearnedPolicyRouter
 
-    d, model = find_model(path, model_file)
+    d, model, _, kind, kw = read_run(path, model_file)
     cfg_path = d / "resolved_config.yaml"
-    if not cfg_path.is_file():
-        raise _error(f"--policy: {cfg_path} does not exist (the run's resolved config: the env the "
-                     f"network was trained in)")
     if (d / "vecnormalize.pkl").exists():
         raise _error(f"--policy: {d} was trained with VecNormalize, which the service does not apply")
-    distilled = model.suffix == ".pt"
+    distilled = kind == "distilled"
     try:
-        from omegaconf import OmegaConf
-
-        train_cfg = OmegaConf.load(cfg_path)
-        kw = env_kwargs(train_cfg)
-        kw.pop("max_episode_steps", None)    # gym.make's TimeLimit, not the env's
-        if distilled:
-            from llm_lb_gym.agents.policy_iteration import DistilledAgent
-
-            action = {**(kw.get("action") or {}), **DistilledAgent.ENV_OPTIONS["action"]}
-            kw = {**kw, "action": action}
-            kind = "distilled"
-        else:
-            kind = OmegaConf.select(train_cfg, "agent.name")
-            if kind is None:
-                raise ConfigError(f"it names no agent (agent.name) for {model.name}; an llm-lb-gym improve "
-                                  f"run's network is {IMPROVE_MODEL}")
         env = LLMClusterEnv(**kw)
     except Exception as exc:
         raise _error(f"--policy: {cfg_path} is not a readable run config: {exc}") from None

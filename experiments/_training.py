@@ -468,8 +468,7 @@ def train_distilled(cfg, out: Path, log=say) -> dict[str, Any]:
     res = policy_iteration(kw, pc, out=out, log=log, writer=writer)
     writer.close()
     env = to_container(cfg.env)
-    agent_env = {k: env[k] for k in ("action", "obs") if k in env}
-    agent_env["action"] = {**agent_env.get("action", {}), **DistilledAgent.ENV_OPTIONS["action"]}
+    agent_env = DistilledAgent.env_options({k: env[k] for k in ("action", "obs") if k in env})
     return {"model": str(out / "best_policy.pt"), "kind": "distilled", "env": agent_env,
             "teacher": pc.teacher, "best_round": res["best_round"], "history": res["history"],
             "train_wall_s": time.perf_counter() - t0}

@@ -53,8 +53,7 @@ def decision_time_ms(kw: dict, path: Path, seed: int) -> dict:
     from llm_lb_gym.agents.policy_iteration import DistilledAgent
     from llm_lb_gym.rollout import rollout_agent
 
-    action = {**(kw.get("action") or {}), **DistilledAgent.ENV_OPTIONS["action"]}
-    env = gym.make("LLMCluster-v0", **{**kw, "action": action,
+    env = gym.make("LLMCluster-v0", **{**DistilledAgent.env_options(kw),
                                        "reward": {**(kw.get("reward") or {}), "mode": "baseline"}})
     agent = DistilledAgent.load(path, env)
     rollout_agent(env, agent, seed)
