@@ -1,7 +1,7 @@
 """The framework recipes in docs/recipes run as documented, each as a single copied file.
 
-Each recipe is copied alone into an empty folder (with ``zoo_dqn.yml`` beside the zoo's, which
-reads it) and run there as a user runs it, ``python <name>.py --quick``, in a subprocess (a few
+Each recipe is copied alone into an empty folder (with ``zoo_dqn.yml`` and ``zoo_ppo_mask.yml``
+beside the zoo's, which reads them) and run there as a user runs it, ``python <name>.py --quick``, in a subprocess (a few
 hundred training steps): it must finish an evaluation episode with every request accounted for.
 The frameworks come with the ``recipes`` extra (in ``all``: Tianshou, TorchRL) and the ``zoo``
 extra (the RL zoo, which cannot install beside ``all``'s optuna 2.x); a recipe whose framework is
@@ -25,11 +25,11 @@ CASES = {
     "sb3": (("stable_baselines3", "sb3_contrib"), ["SB3 DQN (mask ignored): 200/200",
                                                    "SB3-contrib MaskablePPO: 200/200"]),
     "cleanrl_dqn": (("torch",), ["CleanRL-style DQN: 200/200"]),
-    "rl_zoo": (("rl_zoo3",), ["episodes logged in"]),
+    "rl_zoo": (("rl_zoo3", "sb3_contrib"), ["RL zoo dqn:", "RL zoo ppo_mask:", "episodes logged in"]),
     "torchrl_dqn": (("torchrl", "tensordict"), ["TorchRL DQN: 200/200"]),
     "tianshou_dqn": (("tianshou",), ["Tianshou DQN: 200/200"]),
 }
-COMPANIONS = {"rl_zoo": ["zoo_dqn.yml"]}
+COMPANIONS = {"rl_zoo": ["zoo_dqn.yml", "zoo_ppo_mask.yml"]}
 """Files a recipe reads besides itself."""
 
 
