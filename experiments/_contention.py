@@ -5,7 +5,7 @@ a server thread spends *waiting* for a CPU is in Linux's schedstat (``serve/llam
 schedstat_s``), but removing it does not remove the slower *execution* while the cores are
 shared (the sibling hyperthread, caches and memory bandwidth taken by others): issue 33 found
 the llama.cpp preset, profiled at load 5-6 net of waits, 50% slower than a fresh profile on a
-quiet machine. So a fixed piece of work (a single-threaded float32 matrix product and a sweep
+quiet machine. So a fixed piece of work (a float32 matrix product on one BLAS thread and a sweep
 over a 16 MB array: the compute and the memory traffic llama.cpp's kernels make) is timed in
 CPU seconds of its own thread (``time.thread_time``: waits excluded); its time over the least
 one measured in the profile is the execution slowdown of that moment.
@@ -22,16 +22,34 @@ _A = np.random.default_rng(0).standard_normal((192, 192)).astype(np.float32)
 _SWEEP = np.ones(4 * 1024 * 1024, np.float32)   # 16 MB
 
 
+_BLAS: list = []
+
+
+def _one_blas_thread():
+    """BLAS limited to the calling thread while the probe runs. Why: numpy's OpenBLAS splits a
+    192 x 192 product over every core and the calling thread spin-waits for its workers, so on
+    a busy machine its own CPU time counts the others' delays: measured here with two busy
+    loops beside it, the probe's median was 67 ms with OpenBLAS's 2 threads and 12 ms with 1
+    (package 0.7.0), which made sim_to_real's slowdown x21-x23 instead of ~x2."""
+    if not _BLAS:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS.append(ThreadpoolController())
+    return _BLAS[0].limit(limits=1, user_api="blas")
+
+
 def probe_s() -> float:
-    """CPU seconds of the probe's thread for one fixed piece of work (~5-10 ms on this VM)."""
-    t0 = time.thread_time()
-    x = _A
-    for _ in range(12):
-        x = (x @ _A) * np.float32(1e-2)
-    s = 0.0
-    for _ in range(3):
-        s += float(_SWEEP.sum())
-    t1 = time.thread_time()
+    """CPU seconds of the probe's thread for one fixed piece of work (~5-10 ms on this VM), on
+    one BLAS thread whatever ``OMP_NUM_THREADS`` says."""
+    with _one_blas_thread():
+        t0 = time.thread_time()
+        x = _A
+        for _ in range(12):
+            x = (x @ _A) * np.float32(1e-2)
+        s = 0.0
+        for _ in range(3):
+            s += float(_SWEEP.sum())
+        t1 = time.thread_time()
     assert np.isfinite(x).all() and s > 0
     return t1 - t0
 

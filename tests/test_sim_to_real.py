@@ -212,3 +212,19 @@ def test_the_gguf_is_found_without_importing_its_package(tmp_path, monkeypatch):
     assert llamacpp.find_model() == str(pkg / "SmolLM2-135M-Instruct.Q4_1.gguf")
     monkeypatch.setenv(llamacpp.MODEL_ENV, str(tmp_path / "absent.gguf"))
     assert llamacpp.find_model() is None
+
+
+def test_the_cpu_probe_runs_on_one_blas_thread():
+    """The contention probe times its own thread's CPU; a multi-threaded BLAS would make it
+    count spin-waits for its workers (x20 on a busy machine), so it runs on one BLAS thread
+    whatever the process's default, and restores the default after."""
+    from threadpoolctl import threadpool_info
+
+    from llm_lb_gym.experiments import _contention
+
+    blas = lambda: [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]  # noqa: E731
+    before = blas()
+    with _contention._one_blas_thread():
+        assert set(blas()) <= {1}
+    assert blas() == before
+    assert _contention.probe_s() > 0
