@@ -5,6 +5,8 @@ test seeds.
 
     python -m llm_lb_gym.experiments.probe_stock_agents --algo dqn --preset near_capacity --seeds 0 1 2
     python -m llm_lb_gym.experiments.probe_stock_agents --algo ppo_mask --seeds 0 1 2
+    python -m llm_lb_gym.experiments.probe_stock_agents --algo ppo_mask --seeds 0 1 2 \
+        --conf docs/recipes/zoo_ppo_mask_guided.yml
 
 The hyperparameters are ``docs/recipes/zoo_<algo>.yml``'s (what ``rl_zoo3.train --algo <algo>
 -conf`` reads; ``zoo_dqn.yml``'s are ``docs/recipes/sb3.py``'s too), read from the checkout so
@@ -13,7 +15,9 @@ they are written once. A file's top-level ``env_kwargs`` (the zoo's ``--env-kwar
 training, validation, the test episodes and the random policy alike; the env is the preset's id
 wrapped in ``RouterRL`` (reward scale, survival discount, gamma 1), as the zoo wraps it. Test
 seeds 1000.. are disjoint from every training seed's episodes (SB3 seeds its env from the
-training seed).
+training seed). A ``reward`` among them (guidance towards a heuristic, annealed) is the training
+env's only: validation, the test episodes and the random policy run without it, so every policy
+is judged on its episodes' latency; the guidance weight at the end of training is printed.
 
 **The same action space's random policy** (uniform over the valid actions, seeded by the test
 seed) is measured beside the agent: a mask that carries a rule (``action.kv_room``) makes every
@@ -43,6 +47,7 @@ import numpy as np
 
 import llm_lb_gym
 from llm_lb_gym.envs.presets import preset
+from llm_lb_gym.envs.reward import guidance_weight
 from llm_lb_gym.envs.wrappers import RouterRL
 from llm_lb_gym.experiments._tables import paired_change, paired_difference
 from llm_lb_gym.rollout import make_env_router, rollout_agent, rollout_router
@@ -54,19 +59,24 @@ MODES = ("greedy", "sampled")
 ZOO_ID = "LLMCluster-NearCapacity-v0"   # the hyperparameter file's entry (used for every preset)
 
 
-def hyperparameters(algo: str) -> tuple[dict, dict, dict]:
-    """(algorithm keywords, RouterRL keywords, gym.make keywords) from ``zoo_<algo>.yml``."""
+def hyperparameters(algo: str, conf: str | None = None) -> tuple[dict, dict, dict]:
+    """(algorithm keywords, RouterRL keywords, gym.make keywords) from ``zoo_<algo>.yml`` (or the
+    file ``conf``). A ``learning_rate`` written ``lin_<x>`` is the zoo's linear schedule from x to 0."""
     import ast
 
     import yaml
 
-    doc = yaml.safe_load((RECIPES / f"zoo_{algo}.yml").read_text())
+    doc = yaml.safe_load(Path(conf or RECIPES / f"zoo_{algo}.yml").read_text())
     hp = dict(doc[ZOO_ID])
     wrapper = hp.pop("env_wrapper")[0]["llm_lb_gym.envs.wrappers.RouterRL"]
     hp.pop("n_timesteps")
     policy_kwargs = hp.pop("policy_kwargs", "dict()")
     tree = ast.parse(policy_kwargs, mode="eval").body   # "dict(net_arch=[...])", as the zoo writes it
     hp["policy_kwargs"] = {k.arg: ast.literal_eval(k.value) for k in tree.keywords}
+    lr = hp.get("learning_rate")
+    if isinstance(lr, str) and lr.startswith("lin_"):   # rl-zoo3's notation
+        lr0 = float(lr[4:])
+        hp["learning_rate"] = lambda progress_remaining: progress_remaining * lr0
     return hp, dict(wrapper), dict(doc.get("env_kwargs") or {})
 
 
@@ -102,6 +112,7 @@ def main() -> None:
     p.add_argument("--test-episodes", type=int, default=10)
     p.add_argument("--eval-every", type=int, default=50_000)
     p.add_argument("--validate", default="greedy", choices=MODES, help="the policy validation runs")
+    p.add_argument("--conf", default=None, help="the hyperparameter file (default docs/recipes/zoo_<algo>.yml)")
     p.add_argument("--out", default="stock_agents.csv")
     a = p.parse_args()
     import torch
@@ -109,8 +120,11 @@ def main() -> None:
 
     torch.set_num_threads(1)
     env_id = preset(a.preset).env_id
-    hp, wrap, env_kwargs = hyperparameters(a.algo)
-    make = lambda: gym.make(env_id, **env_kwargs)   # noqa: E731
+    hp, wrap, env_kwargs = hyperparameters(a.algo, a.conf)
+    # The reward (guidance towards a teacher) is for training only: every policy is judged on its
+    # episodes' latency, in envs without it (the reward changes no episode, only what it pays).
+    judged = {k: v for k, v in env_kwargs.items() if k != "reward"}
+    make = lambda: gym.make(env_id, **judged)   # noqa: E731
     det = a.validate == "greedy"
     tests = [1000 + i for i in range(a.test_episodes)]
     rr_env = gym.make(env_id).unwrapped
@@ -133,9 +147,14 @@ def main() -> None:
     rows = []
     for seed in a.seeds:
         t0 = time.process_time()
-        model = _algo_class(a.algo)(env=RouterRL(make(), **wrap), seed=seed, verbose=0, **hp)
+        train_env = RouterRL(gym.make(env_id, **env_kwargs), **wrap)
+        model = _algo_class(a.algo)(env=train_env, seed=seed, verbose=0, **hp)
         model.learn(a.steps, callback=Validate())
         train_cpu = time.process_time() - t0
+        base = train_env.unwrapped
+        print(json.dumps({"train_seed": seed, "episodes": base.guidance_episode,   # the guidance's end
+                          "final_guidance_weight": round(float(
+                              guidance_weight(base.cfg.reward, base.guidance_episode)), 6)}), flush=True)
         for mode in MODES:
             for s in tests:
                 torch.manual_seed(s)

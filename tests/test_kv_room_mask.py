@@ -118,3 +118,43 @@ def test_shipped_ppo_mask_hyperparameters_build_the_agent_on_the_masked_env():
     model = MaskablePPO(env=env, seed=0, verbose=0, **{**hp, "n_steps": 256, "batch_size": 64})
     model.learn(256)
     assert env.unwrapped.masked_actions == 0   # one episode (>= 400 steps): the agent took no masked action
+
+
+def test_shipped_guided_ppo_mask_recipe_pays_the_guidance_per_decision_through_router_rl():
+    """``docs/recipes/zoo_ppo_mask_guided.yml``: through ``RouterRL`` every decision that differs
+    from the teacher's (late_binding, period_s=0, on the masked action space) pays
+    -guidance_scale x reward_scale at episode 0, one that matches pays no guidance; the
+    hyperparameters (a ``lin_`` learning rate) build a MaskablePPO that respects the mask."""
+    pytest.importorskip("sb3_contrib")
+    import gymnasium as gym
+    from sb3_contrib import MaskablePPO
+
+    from llm_lb_gym.envs.wrappers import RouterRL
+    from llm_lb_gym.experiments.probe_stock_agents import RECIPES, hyperparameters
+    from llm_lb_gym.routers.drive import decide
+
+    hp, wrap, env_kwargs = hyperparameters("ppo_mask", RECIPES / "zoo_ppo_mask_guided.yml")
+    assert callable(hp["learning_rate"]) and hp["learning_rate"](0.5) == pytest.approx(1.5e-4)
+    rc = env_kwargs["reward"]
+    env = RouterRL(gym.make("LLMCluster-NearCapacity-v0", num_requests=300, **env_kwargs), **wrap)
+    base = env.unwrapped
+    teacher = make_env_router(rc["teacher"], base, **rc["teacher_options"])
+    _, info = env.reset(seed=0)
+    teacher.reset(np.random.default_rng(0), base.m)
+    rng, seen = np.random.default_rng(0), set()
+    for _ in range(300):
+        mask = info["action_mask"]
+        choice = decide(base.cluster, teacher)
+        wanted = base.defer_action if choice is None else base.action_for(*choice)
+        a = int(rng.choice(np.flatnonzero(mask)))
+        _, r, term, trunc, info = env.step(a)
+        g = info["reward_components"]["guidance"]
+        assert g == (0.0 if a == wanted else -rc["guidance_scale"])
+        if mask.sum() > 1:
+            seen.add(a == wanted)
+        if term or trunc:
+            break
+    assert seen == {True, False}
+    model = MaskablePPO(env=env, seed=0, verbose=0, **{**hp, "n_steps": 256, "batch_size": 64})
+    model.learn(256)
+    assert base.masked_actions == 0
