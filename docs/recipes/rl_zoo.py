@@ -5,6 +5,7 @@
         -conf docs/recipes/zoo_dqn.yml -f logs/ --eval-freq 20000 --eval-episodes 5
     python docs/recipes/rl_zoo.py --quick     # the same command, 600 steps on 200-request episodes
     python docs/recipes/rl_zoo.py --algo ppo_mask   # MaskablePPO (added to the zoo's table) with zoo_ppo_mask.yml
+    python docs/recipes/rl_zoo.py --algo ppo_mask --conf docs/recipes/zoo_ppo_mask_guided.yml
 
 One file you can copy (with ``zoo_dqn.yml`` / ``zoo_ppo_mask.yml``, the hyperparameters). For
 ``ppo_mask`` the yml's top-level ``env_kwargs`` (an action space: ``action.kv_room`` puts
@@ -48,6 +49,8 @@ def zoo_env_kwargs(conf: Path) -> list[str]:
     def lit(v):
         if isinstance(v, dict):
             return "dict(" + ",".join(f"{k}={lit(x)}" for k, x in v.items()) + ")"
+        if isinstance(v, (list, tuple)):
+            return "[" + ",".join(lit(x) for x in v) + "]"
         return json.dumps(v) if isinstance(v, str) else repr(v)   # "..." quotes: one shell word in '...'
 
     return [f"{k}:{lit(v)}" for k, v in kw.items()]
@@ -64,10 +67,10 @@ def add_maskable_ppo() -> None:
     ALGOS.setdefault("ppo_mask", MaskablePPO)
 
 
-def run(algo: str, steps: int, seed: int, quick: bool) -> None:
+def run(algo: str, steps: int, seed: int, quick: bool, conf: str | None = None) -> None:
     if algo == "ppo_mask":
         add_maskable_ppo()
-    conf = HERE / f"zoo_{algo}.yml"
+    conf = Path(conf) if conf else HERE / f"zoo_{algo}.yml"
     logs = Path(tempfile.mkdtemp(prefix="zoo_"))
     env_kwargs = zoo_env_kwargs(conf) + (["num_requests:200"] if quick else [])
     quick_args = ["--eval-freq", "300", "--eval-episodes", "1"]
@@ -96,10 +99,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="600 steps on 200-request episodes (the tests)")
+    p.add_argument("--conf", default=None, help="hyperparameter file (default: zoo_<algo>.yml beside this "
+                                                 "file), e.g. zoo_ppo_mask_guided.yml with --algo ppo_mask")
     args = p.parse_args()
     algos = [args.algo] if args.algo else (["dqn", "ppo_mask"] if args.quick else ["dqn"])
     for algo in algos:
-        run(algo, args.steps, args.seed, args.quick)
+        run(algo, args.steps, args.seed, args.quick, args.conf)
 
 
 if __name__ == "__main__":
