@@ -13,6 +13,7 @@ one measured in the profile is the execution slowdown of that moment.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
@@ -22,7 +23,11 @@ _A = np.random.default_rng(0).standard_normal((192, 192)).astype(np.float32)
 _SWEEP = np.ones(4 * 1024 * 1024, np.float32)   # 16 MB
 
 
-_BLAS: list = []
+@functools.cache
+def _blas_controller():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 def _one_blas_thread():
@@ -31,11 +36,7 @@ def _one_blas_thread():
     a busy machine its own CPU time counts the others' delays: measured here with two busy
     loops beside it, the probe's median was 67 ms with OpenBLAS's 2 threads and 12 ms with 1
     (package 0.7.0), which made sim_to_real's slowdown x21-x23 instead of ~x2."""
-    if not _BLAS:
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS.append(ThreadpoolController())
-    return _BLAS[0].limit(limits=1, user_api="blas")
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 def probe_s() -> float:

@@ -8,8 +8,8 @@ test seeds.
     python -m llm_lb_gym.experiments.probe_stock_agents --algo ppo_mask --seeds 0 1 2 \
         --conf docs/recipes/zoo_ppo_mask_guided.yml
 
-The hyperparameters are ``docs/recipes/zoo_<algo>.yml``'s (what ``rl_zoo3.train --algo <algo>
--conf`` reads; ``zoo_dqn.yml``'s are ``docs/recipes/sb3.py``'s too), read from the checkout so
+The hyperparameters are ``docs/recipes/zoo_<algo>.yml``'s (what the zoo reads through
+``docs/recipes/rl_zoo.py --algo <algo>``; ``zoo_dqn.yml``'s are ``docs/recipes/sb3.py``'s too), read from the checkout so
 they are written once. A file's top-level ``env_kwargs`` (the zoo's ``--env-kwargs``) are
 ``gym.make`` keywords of the agent's env (an action space, ``action.kv_room``), used for
 training, validation, the test episodes and the random policy alike; the env is the preset's id
