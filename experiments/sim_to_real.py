@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from llm_lb_gym.experiments._cli_args import key_values
-from llm_lb_gym.experiments._contention import ProbeSampler
+from llm_lb_gym.experiments._contention import ProbeSampler, probe_s
 from llm_lb_gym.experiments._llamacpp_profile import probe_reference_s, read_rows
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
@@ -71,6 +71,10 @@ def parser() -> argparse.ArgumentParser:
                          "shared by the routers of that repeat (paired), the routers' order rotated")
     ap.add_argument("--frontend", default="llamacpp-server",
                     help="the simulated server's frontend (sim/frontend.py; 'none' for none)")
+    ap.add_argument("--profile", default=None,
+                    help="'here': profile this machine's llama-server first (calibrate_llamacpp profile, about "
+                         "2 min, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
+                         "default: the preset (--preset)")
     ap.add_argument("--out", default="runs/sim_to_real")
     return ap
 
@@ -129,11 +133,23 @@ def start_router(urls, router: str, args, slot_tokens: int, preset: str):
     return f"http://127.0.0.1:{port}", proc
 
 
+IDLE_PROBES = 5
+"""Probes before and after each replay, with the servers idle."""
+
+
 def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     """Fresh servers and router for one replay (nothing carries over between routers); returns
     the results, how much slower than on cores of their own the servers ran meanwhile
-    (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU) and the CPU probe's
-    median time over the replay (``_contention.py``: the execution slowdown beyond waiting)."""
+    (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU), and the CPU probe's
+    median time (``_contention.py``: the execution slowdown beyond waiting) twice: with the
+    servers idle, just before and just after the replay, and sampled during it.
+
+    The first is the one the correction uses. Why: the profile's probes were taken between its
+    points, with its server idle (``calibrate_llamacpp``), so that the reference and the reading
+    measure the same thing, the machine's speed apart from the servers themselves. Sampled
+    during the replay, the probe also reads the servers' own load on the cores and their
+    memory: in package 0.7.0 it read x2.4-2.6 against x1.6 from a probe taken alone, and the
+    correction overshot (docs/serving.md). Both are reported."""
 
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import schedstat_s, slowdown
@@ -145,11 +161,14 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     try:
         asyncio.run(warm_up([s.url for s in servers]))
         url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
+        idle = [probe_s() for _ in range(IDLE_PROBES)]
         before = [schedstat_s(s.proc.pid) for s in servers]
-        with ProbeSampler() as probe:
+        with ProbeSampler() as during:
             res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, model="smollm2",
                                      max_concurrency=512, stream=not args.no_stream, extra_body=EXTRA_BODY))
-        return res, slowdown(before, [schedstat_s(s.proc.pid) for s in servers]), probe.median_s()
+        waits = slowdown(before, [schedstat_s(s.proc.pid) for s in servers])
+        idle += [probe_s() for _ in range(IDLE_PROBES)]
+        return res, waits, float(np.median(idle)), during.median_s()
     finally:
         if proc is not None:
             proc.kill()
@@ -216,6 +235,9 @@ def main(argv=None) -> dict:
 
     if args.servers < 1:
         raise SystemExit(f"sim_to_real: --servers={args.servers}; allowed: >= 1")
+    if args.profile not in (None, "here") and not Path(args.profile).is_file():
+        raise SystemExit(f"sim_to_real: --profile={args.profile}: no such file; allowed: 'here' or a CSV "
+                         "written by calibrate_llamacpp profile")
     server = args.llama_server or llamacpp.find_server()
     model = args.gguf or llamacpp.find_model()
     if server is None or model is None:
@@ -241,6 +263,10 @@ def main(argv=None) -> dict:
     frontend = None if args.frontend in ("none", "") else resolve_frontend(args.frontend, "--frontend")
     engine = replace(engine, frontend=frontend)
     probe_ref = probe_reference_s(read_rows())
+    if args.profile:
+        engine, frontend, probe_ref = _fitted_here(args, out, engine, frontend)
+        lines[-1:] = [f"simulator latency: the fit of {args.profile_csv} (profiled "
+                      f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
     lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
                   f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)", ""]
     base_lat = engine.latency_model
@@ -255,18 +281,20 @@ def main(argv=None) -> dict:
             for router in order:
                 load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
-                res, waits, probe = replay_real(args, batch, router, slot, preset)
+                res, waits, probe, probe_during = replay_real(args, batch, router, slot, preset)
                 wall = time.monotonic() - t0
                 execution = probe / probe_ref if probe_ref == probe_ref else 1.0
                 factors[router] = waits * execution
                 summary[router] = dict(summarize(res), load_before=load0, load_after=os.getloadavg()[0],
                                        waits_factor=waits, execution_factor=execution, speed_factor=factors[router],
+                                       probe_during_factor=probe_during / probe_ref if probe_ref == probe_ref else 1.0,
                                        wall_s=wall)
                 summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, rep_args.seed)
                 rows += [dict(rate_rps=rate, repeat=k, router=router, **r.__dict__) for r in res]
                 print(f"{rate:g} req/s repeat {k} {router}: {summary[router]['errors']:.0f} errors of {len(res)}, "
                       f"{wall:.0f} s, load average {load0:.1f} -> {summary[router]['load_after']:.1f}, slowdown "
-                      f"x{waits:.2f} (waits) x {execution:.2f} (probe) = x{factors[router]:.2f}; mean E2E served "
+                      f"x{waits:.2f} (waits) x {execution:.2f} (probe, servers idle; x{summary[router]['probe_during_factor']:.2f} "
+                      f"during the replay) = x{factors[router]:.2f}; mean E2E served "
                       f"{summary[router]['mean_e2e_s']:.3f} s", file=sys.stderr, flush=True)
             # Each replay's simulation runs at the slowdown measured over that replay; the routers
             # are also simulated at one speed (the median), the ranking a machine of fixed speed gives.
@@ -290,6 +318,31 @@ def main(argv=None) -> dict:
     (out / "summary.json").write_text(json.dumps(report, indent=1, default=float))
     print(text)
     return report
+
+
+def _fitted_here(args, out: Path, engine, frontend):
+    """The engine, frontend and probe reference of a profile of this machine (``--profile``).
+
+    Why: the VMs this runs on differ in speed from session to session (in package 0.7.0 the CPU
+    probe alone took 6.2 ms on one against the shipped profile's 3.8 ms), and no correction
+    measured during a replay removes a difference that was there before it: a profile taken on
+    the machine itself, just before the replays, leaves only the contention that changes during
+    the run to the waits x probe correction."""
+    from llm_lb_gym.experiments import calibrate_llamacpp as cal
+    from llm_lb_gym.experiments._llamacpp_profile import frontend_delay_s, read_points
+
+    if args.profile == "here":
+        path = out / "profile.csv"
+        cal.main(["profile", "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path)])
+    else:
+        path = Path(args.profile)   # checked to exist by main
+    args.profile_csv = path
+    engine = replace(engine, latency=cal.rounded(cal.fit(read_points(path)).model))
+    delay = frontend_delay_s(path)
+    if frontend is not None and delay is not None:
+        frontend = replace(frontend, delay_s=delay)
+        engine = replace(engine, frontend=frontend)
+    return engine, frontend, probe_reference_s(read_rows(path))
 
 
 def replace_seed(args, seed: int):

@@ -159,3 +159,20 @@ def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     assert s["round_robin (sim)"]["mean_e2e_s"] > 0
     text = (tmp_path / "summary.md").read_text()
     assert "| round_robin (sim) |" in text and "ranking by mean_e2e_s" in text
+
+
+def test_sim_to_real_simulates_with_the_fit_of_a_given_profile(tmp_path):
+    """--profile CSV: the simulator runs the fit of that profile (here the committed one with
+    every time doubled: the simulated latency doubles too), its frontend delay and its probe."""
+    from llm_lb_gym.experiments import calibrate_llamacpp as cl
+    from llm_lb_gym.experiments import sim_to_real
+
+    slow = tmp_path / "slow.csv"
+    cl.write_points([cl.Measured(p, p.gpu_s * 2, 1.0) for p in cl.read_points()], slow, 3)
+    args = ["--requests", "4", "--rates", "2", "--routers", "round_robin", "--llama-server", SERVER,
+            "--gguf", MODEL]
+    base = sim_to_real.main(args + ["--out", str(tmp_path / "a")])["2.0"]
+    fitted = sim_to_real.main(args + ["--profile", str(slow), "--out", str(tmp_path / "b")])["2.0"]
+    ratio = fitted["round_robin (sim, as profiled)"]["mean_e2e_s"] / base["round_robin (sim, as profiled)"]["mean_e2e_s"]
+    assert 1.6 < ratio < 2.1, ratio   # the frontend delay is not in this profile's rows: kept as registered
+    assert f"the fit of {slow}" in (tmp_path / "b" / "summary.md").read_text()

@@ -148,6 +148,13 @@ def test_profile_csv_round_trips(tmp_path):
         cl.read_points(tmp_path / "bad.csv")
 
 
+def test_sim_to_real_profile_option_names_a_missing_file(tmp_path):
+    from llm_lb_gym.experiments import sim_to_real
+
+    with pytest.raises(SystemExit, match=r"--profile=.*nope.csv: no such file; allowed: 'here' or a CSV"):
+        sim_to_real.main(["--profile", str(tmp_path / "nope.csv"), "--out", str(tmp_path)])
+
+
 # --------------------------------------------------------------------------- the task mix, shorter
 
 
