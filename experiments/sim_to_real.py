@@ -320,6 +320,13 @@ def main(argv=None) -> dict:
     return report
 
 
+PROFILE_REPEATS = 5
+"""Repeats per point of ``--profile here`` (calibrate_llamacpp's default is 3): on a quiet VM of
+package 0.7.0 the probe alone varied 3.7-6.2 ms between points and a 3-repeat profile's fit
+missed its own points by 10.6% / 16.7% (median, prefill / decode), more than the same machine's
+profile beside a training job."""
+
+
 def _fitted_here(args, out: Path, engine, frontend):
     """The engine, frontend and probe reference of a profile of this machine (``--profile``).
 
@@ -333,14 +340,17 @@ def _fitted_here(args, out: Path, engine, frontend):
 
     if args.profile == "here":
         path = out / "profile.csv"
-        cal.main(["profile", "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path)])
+        cal.main(["profile", "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path),
+                  "--repeats", str(PROFILE_REPEATS)])
     else:
         path = Path(args.profile)   # checked to exist by main
     args.profile_csv = path
     engine = replace(engine, latency=cal.rounded(cal.fit(read_points(path)).model))
     delay = frontend_delay_s(path)
     if frontend is not None and delay is not None:
-        frontend = replace(frontend, delay_s=delay)
+        # A lone request's first token can reach the client a hair before the server's own
+        # prompt time says it should (measured here: -0.6 us, clock noise): no delay, not a negative one.
+        frontend = replace(frontend, delay_s=max(delay, 0.0))
         engine = replace(engine, frontend=frontend)
     return engine, frontend, probe_reference_s(read_rows(path))
 
