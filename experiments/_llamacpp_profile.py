@@ -1,4 +1,5 @@
-"""The llama.cpp profile's file: where this machine's profile lies, its columns, reading and writing.
+"""The llama.cpp profile's file (where this machine's profile lies, its columns, reading and
+writing) and the latency model's fit to it.
 
 Shared by ``calibrate_llamacpp`` (which measures and fits it) and ``sim_to_real`` (which reads its
 probe reference to put a replay's waits on the same quiet-core footing); entry points do not
@@ -12,7 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+from scipy.optimize import nnls
+
+from llm_lb_gym.calibration.calibrate import predicted_s
 from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
+from llm_lb_gym.sim.latency import LatencyModel
 
 PROFILE_CSV = Path(__file__).with_name("profiles") / "llamacpp_smollm2_135m_q4_1_1thread.csv"
 """The committed profile of this machine (one AVX2 core, llama-cpp-python 0.3.36's llama.cpp)."""
@@ -82,3 +88,46 @@ def frontend_delay_s(path: Path | str = PROFILE_CSV) -> float | None:
     """The profile's lone-request TTFT beyond the server's prompt time (None: not measured)."""
     rows = [r for r in read_rows(path) if r["phase"] == "frontend"]
     return float(rows[0]["wall_s"]) if rows else None
+
+
+@dataclass(frozen=True)
+class LlamaCppFit:
+    model: LatencyModel
+    points: tuple[CalibrationPoint, ...]
+
+    def rel_errors(self, phase: str | None = None, model: LatencyModel | None = None) -> np.ndarray:
+        m = model or self.model
+        return np.array([predicted_s(m, p) / p.gpu_s - 1.0 for p in self.points if phase in (None, p.phase)])
+
+
+FIT_TERMS = ("base_s", "token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s", "cpu_seq_s")
+"""The terms fitted. ``cpu_seq_s`` (per sequence in the batch, prompts included) carries what
+every sequence that yields a token pays on llama.cpp: its LM-head row (49,152 x 576) and the
+sampler over the vocabulary; ``decode_seq_s`` what only decodes add. No knee, tiles, token
+segments or small-batch decode price: a CPU core has none of the GPU kernels' regimes, and this
+profile could not place them above its noise."""
+MIN_BASE_S = 1e-6
+"""``LatencyModel`` needs ``base_s`` > 0 (every iteration takes time); a fit that finds no
+per-iteration floor beyond the per-token and per-sequence costs gets this 1 us instead of 0."""
+
+
+def features(points: Sequence[CalibrationPoint]) -> np.ndarray:
+    """Multipliers of :data:`FIT_TERMS` per point (the formula of ``LatencyModel.iteration_s``)."""
+    return np.array([[1.0, p.prefill_tokens + p.decode_seqs, p.prefill_attn_pairs, p.decode_seqs,
+                      p.decode_ctx_tokens, (1 if p.prefill_tokens else 0) + p.decode_seqs]
+                     for p in points], dtype=float)
+
+
+def fit(points: Sequence[CalibrationPoint]) -> LlamaCppFit:
+    """Non-negative least squares on relative error, the two phases weighing alike (columns
+    scaled to unit maximum first, as ``llm_lb_gym.calibration.calibrate.fit_gpu_terms`` does)."""
+    a = features(points)
+    y = np.array([p.gpu_s for p in points])
+    phases = [p.phase for p in points]
+    balance = np.array([1.0 / phases.count(ph) for ph in phases])
+    w = np.sqrt(balance) / y
+    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
+    coef, _ = nnls(a * w[:, None] / scale, y * w)
+    c = dict(zip(FIT_TERMS, (float(v) for v in coef / scale)))
+    c["base_s"] = max(c["base_s"], MIN_BASE_S)
+    return LlamaCppFit(LatencyModel(**c), tuple(points))

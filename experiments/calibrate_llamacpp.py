@@ -41,19 +41,18 @@ import argparse
 import asyncio
 import csv
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from llm_lb_gym.calibration.calibrate import predicted_s, rounded
 from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
 from llm_lb_gym.experiments._contention import probe_s
-from llm_lb_gym.experiments._llamacpp_profile import (
+from llm_lb_gym.experiments._llamacpp_profile import (  # the fit lives there: sim_to_real --profile fits too
+    FIT_TERMS, LlamaCppFit, fit,
     FIELDS, PROFILE_CSV, Measured, frontend_delay_s, probe_reference_s, read_points, read_rows, write_points)
-from llm_lb_gym.sim.latency import LatencyModel, causal_pairs
+from llm_lb_gym.sim.latency import causal_pairs
 
 PREFILL_PROMPTS = (8, 16, 32, 64, 128, 192, 256, 384, 512)
 """Prompt lengths of the prefill points (one ubatch of 512 at most: a longer prompt is split)."""
@@ -186,49 +185,6 @@ def _median_net(runs: Sequence[tuple[float, float]]) -> tuple[float, float]:
     """(wall seconds, CPU share) of the repeat whose net time (wall x share) is the median."""
     order = sorted(runs, key=lambda r: r[0] * r[1])
     return order[len(order) // 2]
-
-
-@dataclass(frozen=True)
-class LlamaCppFit:
-    model: LatencyModel
-    points: tuple[CalibrationPoint, ...]
-
-    def rel_errors(self, phase: str | None = None, model: LatencyModel | None = None) -> np.ndarray:
-        m = model or self.model
-        return np.array([predicted_s(m, p) / p.gpu_s - 1.0 for p in self.points if phase in (None, p.phase)])
-
-
-FIT_TERMS = ("base_s", "token_s", "prefill_attn_s", "decode_seq_s", "decode_ctx_s", "cpu_seq_s")
-"""The terms fitted. ``cpu_seq_s`` (per sequence in the batch, prompts included) carries what
-every sequence that yields a token pays on llama.cpp: its LM-head row (49,152 x 576) and the
-sampler over the vocabulary; ``decode_seq_s`` what only decodes add. No knee, tiles, token
-segments or small-batch decode price: a CPU core has none of the GPU kernels' regimes, and this
-profile could not place them above its noise."""
-MIN_BASE_S = 1e-6
-"""``LatencyModel`` needs ``base_s`` > 0 (every iteration takes time); a fit that finds no
-per-iteration floor beyond the per-token and per-sequence costs gets this 1 us instead of 0."""
-
-
-def features(points: Sequence[CalibrationPoint]) -> np.ndarray:
-    """Multipliers of :data:`FIT_TERMS` per point (the formula of ``LatencyModel.iteration_s``)."""
-    return np.array([[1.0, p.prefill_tokens + p.decode_seqs, p.prefill_attn_pairs, p.decode_seqs,
-                      p.decode_ctx_tokens, (1 if p.prefill_tokens else 0) + p.decode_seqs]
-                     for p in points], dtype=float)
-
-
-def fit(points: Sequence[CalibrationPoint]) -> LlamaCppFit:
-    """Non-negative least squares on relative error, the two phases weighing alike (columns
-    scaled to unit maximum first, as ``llm_lb_gym.calibration.calibrate.fit_gpu_terms`` does)."""
-    a = features(points)
-    y = np.array([p.gpu_s for p in points])
-    phases = [p.phase for p in points]
-    balance = np.array([1.0 / phases.count(ph) for ph in phases])
-    w = np.sqrt(balance) / y
-    scale = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)
-    coef, _ = nnls(a * w[:, None] / scale, y * w)
-    c = dict(zip(FIT_TERMS, (float(v) for v in coef / scale)))
-    c["base_s"] = max(c["base_s"], MIN_BASE_S)
-    return LlamaCppFit(LatencyModel(**c), tuple(points))
 
 
 def report(result: LlamaCppFit, log: Callable[[str], None] = print) -> None:

@@ -35,9 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
+from llm_lb_gym.calibration.calibrate import rounded
 from llm_lb_gym.experiments._cli_args import key_values
 from llm_lb_gym.experiments._contention import ProbeSampler, probe_s
-from llm_lb_gym.experiments._llamacpp_profile import probe_reference_s, read_rows
+from llm_lb_gym.experiments._llamacpp_profile import fit, frontend_delay_s, probe_reference_s, read_points, read_rows
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -335,17 +336,16 @@ def _fitted_here(args, out: Path, engine, frontend):
     measured during a replay removes a difference that was there before it: a profile taken on
     the machine itself, just before the replays, leaves only the contention that changes during
     the run to the waits x probe correction."""
-    from llm_lb_gym.experiments import calibrate_llamacpp as cal
-    from llm_lb_gym.experiments._llamacpp_profile import frontend_delay_s, read_points
-
     if args.profile == "here":
         path = out / "profile.csv"
-        cal.main(["profile", "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path),
-                  "--repeats", str(PROFILE_REPEATS)])
+        # The profile command, run as a user runs it (entry points do not import each other).
+        subprocess.run([sys.executable, "-m", "llm_lb_gym.experiments.calibrate_llamacpp", "profile",
+                        "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path),
+                        "--repeats", str(PROFILE_REPEATS)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     else:
         path = Path(args.profile)   # checked to exist by main
     args.profile_csv = path
-    engine = replace(engine, latency=cal.rounded(cal.fit(read_points(path)).model))
+    engine = replace(engine, latency=rounded(fit(read_points(path)).model))
     delay = frontend_delay_s(path)
     if frontend is not None and delay is not None:
         # A lone request's first token can reach the client a hair before the server's own
