@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
                     help="the simulated server's frontend (sim/frontend.py; 'none' for none)")
     ap.add_argument("--profile", default=None,
                     help="'here': profile this machine's llama-server first (calibrate_llamacpp profile, about "
-                         "2 min, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
+                         "2.5 min, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
                          "default: the preset (--preset)")
     ap.add_argument("--out", default="runs/sim_to_real")
     return ap
@@ -265,8 +265,8 @@ def main(argv=None) -> dict:
     engine = replace(engine, frontend=frontend)
     probe_ref = probe_reference_s(read_rows())
     if args.profile:
-        engine, frontend, probe_ref = _fitted_here(args, out, engine, frontend)
-        lines[-1:] = [f"simulator latency: the fit of {args.profile_csv} (profiled "
+        engine, frontend, probe_ref, profile_csv = _fitted_here(args, out, engine, frontend)
+        lines[-1:] = [f"simulator latency: the fit of {profile_csv} (profiled "
                       f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
     lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
                   f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)", ""]
@@ -329,7 +329,7 @@ profile beside a training job."""
 
 
 def _fitted_here(args, out: Path, engine, frontend):
-    """The engine, frontend and probe reference of a profile of this machine (``--profile``).
+    """The engine, frontend, probe reference and CSV of a profile of this machine (``--profile``).
 
     Why: the VMs this runs on differ in speed from session to session (in package 0.7.0 the CPU
     probe alone took 6.2 ms on one against the shipped profile's 3.8 ms), and no correction
@@ -344,7 +344,6 @@ def _fitted_here(args, out: Path, engine, frontend):
                         "--repeats", str(PROFILE_REPEATS)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     else:
         path = Path(args.profile)   # checked to exist by main
-    args.profile_csv = path
     engine = replace(engine, latency=rounded(fit(read_points(path)).model))
     delay = frontend_delay_s(path)
     if frontend is not None and delay is not None:
@@ -352,7 +351,7 @@ def _fitted_here(args, out: Path, engine, frontend):
         # prompt time says it should (measured here: -0.6 us, clock noise): no delay, not a negative one.
         frontend = replace(frontend, delay_s=max(delay, 0.0))
         engine = replace(engine, frontend=frontend)
-    return engine, frontend, probe_reference_s(read_rows(path))
+    return engine, frontend, probe_reference_s(read_rows(path)), path
 
 
 def replace_seed(args, seed: int):
