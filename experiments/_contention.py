@@ -55,6 +55,22 @@ def probe_s() -> float:
     return t1 - t0
 
 
+def bracket_reading_s(before, after) -> float:
+    """The probe's reading of a stretch of work bracketed by probes: the median over brackets of
+    the lesser of the probe just before and the one just after.
+
+    Why one estimator for both sides: a profile point's reading (``calibrate_llamacpp``) and a
+    replay's (``sim_to_real``) are divided by each other, so they must be the same statistic. In
+    package 0.7.0 the profile took min(before, after) per repeat and the replay the median of
+    raw probes; on this VM a raw probe's median runs 0-11% above the median of pairs' minima
+    (200 probes, three trials), a bias that went straight into the correction (the quiet
+    sim_to_real run was +8% to +21% too slow at 0.5 and 1.0 req/s)."""
+    pairs = [min(a, b) for a, b in zip(before, after, strict=True)]
+    if not pairs:
+        raise ValueError("bracket_reading_s: no probes")
+    return float(np.median(pairs))
+
+
 def best_probe_s(n: int = 5) -> float:
     """The least of ``n`` probes (the machine's speed at its least contended moment now)."""
     return min(probe_s() for _ in range(n))

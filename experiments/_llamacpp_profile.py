@@ -26,7 +26,7 @@ FIELDS = ("phase", "label", "prefill_tokens", "prefill_attn_pairs", "decode_seqs
           "wall_s", "run_share", "repeats", "probe_s")
 """``wall_s``: the measured step time; ``run_share``: the share of the measurement during which
 the server's thread was on a CPU (``/proc/PID/schedstat``; the rest it waited for one, the
-machine being shared); ``probe_s``: the CPU probe's time around the point (``_contention.py``).
+machine being shared); ``probe_s``: the CPU probe bracketing the point's repeats (``_contention.bracket_reading_s``).
 The fit uses ``wall_s x run_share x min(probe_s) / probe_s``: the step on a quiet core of its own.
 Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time."""
 

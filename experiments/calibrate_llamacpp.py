@@ -48,7 +48,7 @@ import numpy as np
 
 from llm_lb_gym.calibration.calibrate import predicted_s, rounded
 from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
-from llm_lb_gym.experiments._contention import probe_s
+from llm_lb_gym.experiments._contention import bracket_reading_s, probe_s
 from llm_lb_gym.experiments._llamacpp_profile import (  # the fit lives there: sim_to_real --profile fits too
     FIT_TERMS, LlamaCppFit, fit,
     FIELDS, PROFILE_CSV, Measured, frontend_delay_s, probe_reference_s, read_points, read_rows, write_points)
@@ -133,11 +133,18 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
         before = schedstat_s(pid)
         out = await coro
         after = schedstat_s(pid)
-        probes.append(min(p0, probe_s()))
+        probes[0].append(p0)
+        probes[1].append(probe_s())
         run, wait = after[0] - before[0], after[1] - before[1]
         return out, run / (run + wait) if run > 0 else 1.0
 
-    probes: list[float] = []
+    probes: tuple[list[float], list[float]] = ([], [])   # bracketing each repeat: before, after
+
+    def reading() -> float:
+        r = bracket_reading_s(*probes)
+        probes[0].clear()
+        probes[1].clear()
+        return r
 
     # A fresh connection per request: llama-server may close an idle keep-alive connection, and a
     # reused closed one fails the next request ("Server disconnected").
@@ -150,33 +157,34 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
         await _prefill_s(client, url, model, 8)   # warm-up: first-call allocations
         points = []
         for p in PREFILL_PROMPTS:
-            probes.clear()
             runs = [await timed(_prefill_s(client, url, model, p)) for _ in range(repeats)]
             s, share = _median_net(runs)
+            probe = reading()
             points.append(Measured(CalibrationPoint("prefill", f"prefill {p}", p, causal_pairs(p), 0, 0, s * share,
-                                                    0.0, 0.0), s, share, float(np.median(probes))))
-            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it, probe {np.median(probes) * 1e3:.2f} ms)")
+                                                    0.0, 0.0), s, share, probe))
+            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it, probe {probe * 1e3:.2f} ms)")
         for prompt in DECODE_PROMPTS:
             for b in DECODE_BATCHES:
-                probes.clear()
                 runs = [await timed(_decode_step(client, url, model, b, prompt, DECODE_TOKENS)) for _ in range(repeats)]
                 ctx = int(np.median([r[0][1] for r in runs]))
                 s, share = _median_net([(r[0][0], r[1]) for r in runs])
+                probe = reading()
                 points.append(Measured(CalibrationPoint("decode", f"decode B={b} ctx~{ctx // b}", 0, 0, b, ctx,
-                                                        s * share, 0.0, 0.0), s, share, float(np.median(probes))))
+                                                        s * share, 0.0, 0.0), s, share, probe))
                 log(f"  decode B={b} context {ctx // b:>4}/seq: {s * 1e3:8.1f} ms per step (on a CPU {share:.0%}, "
-                    f"probe {np.median(probes) * 1e3:.2f} ms)")
-        probes.clear()
+                    f"probe {probe * 1e3:.2f} ms)")
         excess = []
         for _ in range(FRONTEND_REPEATS):
             prompt_s = await _prefill_s(client, url, model, FRONTEND_PROMPT)
+            p0 = probe_s()
             t0 = time.monotonic()
             times = await _stream_times(client, url, model, FRONTEND_PROMPT, 2)
             excess.append(times[0] - t0 - prompt_s)
-            probes.append(probe_s())
+            probes[0].append(p0)
+            probes[1].append(probe_s())
         e = float(np.median(excess))
         points.append(Measured(CalibrationPoint("frontend", f"ttft beyond prompt {FRONTEND_PROMPT}", FRONTEND_PROMPT, 0,
-                                                0, 0, e, 0.0, 0.0), e, 1.0, float(np.median(probes))))
+                                                0, 0, e, 0.0, 0.0), e, 1.0, reading()))
         log(f"  a lone {FRONTEND_PROMPT}-token request, streamed: first token {e * 1e3:.1f} ms after the server's prompt time")
     return points
 

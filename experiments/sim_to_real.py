@@ -37,7 +37,7 @@ import numpy as np
 
 from llm_lb_gym.calibration.calibrate import rounded
 from llm_lb_gym.experiments._cli_args import key_values
-from llm_lb_gym.experiments._contention import ProbeSampler, probe_s
+from llm_lb_gym.experiments._contention import ProbeSampler, bracket_reading_s, probe_s
 from llm_lb_gym.experiments._llamacpp_profile import fit, frontend_delay_s, probe_reference_s, read_points, read_rows
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
@@ -135,15 +135,17 @@ def start_router(urls, router: str, args, slot_tokens: int, preset: str):
 
 
 IDLE_PROBES = 5
-"""Probes before and after each replay, with the servers idle."""
+"""Probes before and after each replay, with the servers idle (paired by ``bracket_reading_s``, as the
+profile's 5 repeats a point are)."""
 
 
 def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     """Fresh servers and router for one replay (nothing carries over between routers); returns
     the results, how much slower than on cores of their own the servers ran meanwhile
     (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU), and the CPU probe's
-    median time (``_contention.py``: the execution slowdown beyond waiting) twice: with the
-    servers idle, just before and just after the replay, and sampled during it.
+    reading (``_contention.py``: the execution slowdown beyond waiting) twice: with the servers
+    idle, bracketing the replay (``bracket_reading_s`` of the probes just before and just after
+    it, the statistic the profile reads its points with), and sampled during it.
 
     The first is the one the correction uses. Why: the profile's probes were taken between its
     points, with its server idle (``calibrate_llamacpp``), so that the reference and the reading
@@ -162,14 +164,14 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     try:
         asyncio.run(warm_up([s.url for s in servers]))
         url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
-        idle = [probe_s() for _ in range(IDLE_PROBES)]
+        idle_before = [probe_s() for _ in range(IDLE_PROBES)]
         before = [schedstat_s(s.proc.pid) for s in servers]
         with ProbeSampler() as during:
             res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, model="smollm2",
                                      max_concurrency=512, stream=not args.no_stream, extra_body=EXTRA_BODY))
         waits = slowdown(before, [schedstat_s(s.proc.pid) for s in servers])
-        idle += [probe_s() for _ in range(IDLE_PROBES)]
-        return res, waits, float(np.median(idle)), during.median_s()
+        idle_after = [probe_s() for _ in range(IDLE_PROBES)]
+        return res, waits, bracket_reading_s(idle_before, idle_after), during.median_s()
     finally:
         if proc is not None:
             proc.kill()
@@ -307,9 +309,11 @@ def main(argv=None) -> dict:
             if args.repeats == 1:
                 lines += table(summary, routers, rate, common)
             per_repeat.append(summary)
-        lines += paired_table(per_repeat, routers, rate)
+        paired, verdict = paired_table(per_repeat, routers, rate)
+        lines += paired
         report[str(rate)] = per_repeat[0]
         report.setdefault("repeats", {})[str(rate)] = per_repeat
+        report.setdefault("ranking", {})[str(rate)] = verdict
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -370,13 +374,15 @@ def _ci(x) -> tuple[float, float]:
     return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
 
 
-def paired_table(per_repeat: list[dict], routers, rate: float) -> list[str]:
+def paired_table(per_repeat: list[dict], routers, rate: float) -> tuple[list[str], dict]:
     """Over the repeats of one load: served vs simulated (each replay at its own measured
-    slowdown) per router, and each router's paired difference from the first router, served and
-    simulated at one speed, with 95% CIs; "resolved" = the served CI excludes 0."""
+    slowdown) per router, and every pair of routers' paired difference, served and simulated at
+    one speed, with 95% CIs; "resolved" = the served CI excludes 0. Returns the lines and the
+    verdict (pairs, resolved, same sign among the resolved), which is what the issue's ranking
+    target reads: the ranking of routers whose real difference exceeds the run-to-run noise."""
     lines = [f"**{rate:g} req/s, {len(per_repeat)} repeat(s)**", "",
-             "| router | mean E2E served (s) | sim (s) | sim/served - 1 (mean, max abs over repeats) | "
-             "mean TTFT served (s) | sim (s) | sim/served - 1 (mean, max abs) | slowdown (waits x probe) |",
+             "| router | mean E2E served (s) | sim (s) | sim/served - 1 (ratio of the means; max abs per replay) | "
+             "mean TTFT served (s) | sim (s) | sim/served - 1 (ratio of the means; max abs) | slowdown (waits x probe) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in routers:
         def col(suffix, key):
@@ -385,21 +391,27 @@ def paired_table(per_repeat: list[dict], routers, rate: float) -> list[str]:
         t_real, t_sim = col("", "mean_ttft_s"), col(" (sim)", "mean_ttft_s")
         e_err, t_err = e_sim / e_real - 1, t_sim / t_real - 1
         f = " ".join(f"x{s[r]['waits_factor']:.2f}x{s[r]['execution_factor']:.2f}" for s in per_repeat)
-        lines.append(f"| {r} | {e_real.mean():.3f} | {e_sim.mean():.3f} | {e_err.mean():+.1%}, {np.abs(e_err).max():.1%} | "
-                     f"{t_real.mean():.3f} | {t_sim.mean():.3f} | {t_err.mean():+.1%}, {np.abs(t_err).max():.1%} | {f} |")
-    base = routers[0]
-    lines += ["", f"paired difference from {base} (mean E2E, s; 95% CI over repeats):", ""]
-    for r in routers[1:]:
-        d_real = [s[r]["mean_e2e_s"] - s[base]["mean_e2e_s"] for s in per_repeat]
-        d_sim = [s[r + " (sim, one speed)"]["mean_e2e_s"] - s[base + " (sim, one speed)"]["mean_e2e_s"] for s in per_repeat]
-        (mr, hr), (ms, hs) = _ci(d_real), _ci(d_sim)
-        resolved = hr == hr and abs(mr) > hr
-        agree = np.sign(mr) == np.sign(ms)
-        lines.append(f"- {r} - {base}: served {mr:+.3f} +- {hr:.3f}, simulated (one speed) {ms:+.3f} +- {hs:.3f}: "
-                     f"{'resolved' if resolved else 'within the noise'}"
-                     f"{(', same sign' if agree else ', OPPOSITE sign') if resolved else ''}  ")
-    lines.append("")
-    return lines
+        lines.append(f"| {r} | {e_real.mean():.3f} | {e_sim.mean():.3f} | {e_sim.mean() / e_real.mean() - 1:+.1%}; "
+                     f"{np.abs(e_err).max():.1%} | {t_real.mean():.3f} | {t_sim.mean():.3f} | "
+                     f"{t_sim.mean() / t_real.mean() - 1:+.1%}; {np.abs(t_err).max():.1%} | {f} |")
+    lines += ["", "paired differences (mean E2E, s; 95% CI over repeats; the second router minus the first):", ""]
+    verdict = {"pairs": 0, "resolved": 0, "same_sign": 0}
+    for i, a in enumerate(routers):
+        for b in routers[i + 1:]:
+            d_real = [s[b]["mean_e2e_s"] - s[a]["mean_e2e_s"] for s in per_repeat]
+            d_sim = [s[b + " (sim, one speed)"]["mean_e2e_s"] - s[a + " (sim, one speed)"]["mean_e2e_s"] for s in per_repeat]
+            (mr, hr), (ms, hs) = _ci(d_real), _ci(d_sim)
+            resolved = bool(hr == hr and abs(mr) > hr)
+            agree = bool(np.sign(mr) == np.sign(ms))
+            verdict["pairs"] += 1
+            verdict["resolved"] += resolved
+            verdict["same_sign"] += resolved and agree
+            lines.append(f"- {b} - {a}: served {mr:+.3f} +- {hr:.3f}, simulated (one speed) {ms:+.3f} +- {hs:.3f}: "
+                         f"{'resolved' if resolved else 'within the noise'}"
+                         f"{(', same sign' if agree else ', OPPOSITE sign') if resolved else ''}  ")
+    lines += ["", f"resolved: {verdict['resolved']} of {verdict['pairs']} pairs; the simulator's sign agrees in "
+                  f"{verdict['same_sign']} of {verdict['resolved']}", ""]
+    return lines, verdict
 
 
 if __name__ == "__main__":

@@ -235,3 +235,39 @@ def test_the_cpu_probe_runs_on_one_blas_thread():
         assert set(blas()) <= {1}
     assert blas() == before
     assert _contention.probe_s() > 0
+
+
+def test_bracket_reading_is_the_median_of_paired_minima():
+    """The profile's points and sim_to_real's replays are read with one statistic (their ratio is
+    the correction): the median over brackets of min(probe before, probe after)."""
+    from llm_lb_gym.experiments._contention import bracket_reading_s
+
+    assert bracket_reading_s([5.0, 1.0, 9.0], [4.0, 3.0, 2.0]) == 2.0   # minima 4, 1, 2
+    assert bracket_reading_s([7.0], [6.0]) == 6.0
+    with pytest.raises(ValueError):
+        bracket_reading_s([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError):
+        bracket_reading_s([], [])
+
+
+def test_paired_table_counts_resolved_pairs_and_the_simulators_sign():
+    """Every pair of routers is compared; a served difference whose CI excludes 0 is resolved,
+    and then the simulator's sign either agrees or is flagged."""
+    from llm_lb_gym.experiments.sim_to_real import paired_table
+
+    def rep(a, b, c, sim_a, sim_b, sim_c):
+        out = {}
+        for r, e, s in (("a", a, sim_a), ("b", b, sim_b), ("c", c, sim_c)):
+            row = {"mean_e2e_s": e, "mean_ttft_s": e / 4, "waits_factor": 1.0, "execution_factor": 1.0}
+            out[r] = row
+            out[r + " (sim)"] = out[r + " (sim, one speed)"] = {"mean_e2e_s": s, "mean_ttft_s": s / 4}
+        return out
+
+    # b is clearly slower than a (resolved, simulator agrees); c is clearly faster than b
+    # (resolved, simulator says the opposite); c - a is within the noise.
+    reps = [rep(1.0, 1.5, 1.1, 1.0, 1.4, 1.6), rep(1.2, 1.71, 1.21, 1.0, 1.5, 1.7), rep(0.9, 1.39, 0.89, 1.0, 1.3, 1.5)]
+    lines, verdict = paired_table(reps, ["a", "b", "c"], 1.0)
+    assert verdict == {"pairs": 3, "resolved": 2, "same_sign": 1}
+    text = "\n".join(lines)
+    assert "- b - a: served +0.500" in text and "OPPOSITE sign" in text
+    assert "resolved: 2 of 3 pairs; the simulator's sign agrees in 1 of 2" in text
