@@ -24,7 +24,7 @@ seed) is measured beside the agent: a mask that carries a rule (``action.kv_room
 policy of the action space hold as the rule does, so the change vs round robin is the mask's and
 the agent's together; the change vs the random policy is what learning added. Prints one JSON
 line per seed and the paired changes of mean E2E over seeds x test episodes with 95% CIs, p99
-TTFT and SLO attainment beside; the rows go to ``--out`` as CSV. Validation during training
+TTFT, p99 E2E and SLO attainment beside; the rows go to ``--out`` as CSV. Validation during training
 (seeds 500-501, every ``--eval-every`` steps) is printed, never used to pick a model: the last
 model is the one tested, both greedy (``deterministic=True``) and sampled (its stochastic policy,
 seeded by the test seed through SB3's ``torch`` generator), each summarised.
@@ -99,8 +99,8 @@ def _algo_class(algo: str):
 
 
 def _row(m: dict, prefix: str) -> dict:
-    return {f"{prefix}mean_e2e_s": m["mean_e2e_s"], f"{prefix}p99_ttft_s": m["p99_ttft_s"],
-            f"{prefix}slo_attainment_pct": m.get("slo_attainment_pct")}
+    return {f"{prefix}mean_e2e_s": m["mean_e2e_s"], f"{prefix}p99_e2e_s": m["p99_e2e_s"],
+            f"{prefix}p99_ttft_s": m["p99_ttft_s"], f"{prefix}slo_attainment_pct": m.get("slo_attainment_pct")}
 
 
 def main() -> None:
@@ -191,7 +191,8 @@ def summarise(rows: list[dict], a, env_kwargs: dict, mode: str) -> None:
           f"({n}); the action space's random policy {rand.mean():.3f} s: {rpct:+.2f} +- {rci:.2f}% vs round "
           f"robin; agent vs random {vs_rand:+.2f} +- {vs_rand_ci:.2f}%; p99 TTFT {col('p99_ttft_s').mean():.2f} / "
           f"{col('rr_p99_ttft_s').mean():.2f} / {col('random_p99_ttft_s').mean():.2f} s (agent / round robin / "
-          f"random); SLO attainment {slo[0].mean():.1f} / {slo[1].mean():.1f} / {slo[2].mean():.1f}% (agent - "
+          f"random); p99 E2E {col('p99_e2e_s').mean():.2f} / {col('rr_p99_e2e_s').mean():.2f} / "
+          f"{col('random_p99_e2e_s').mean():.2f} s; SLO attainment {slo[0].mean():.1f} / {slo[1].mean():.1f} / {slo[2].mean():.1f}% (agent - "
           f"round robin {slo_d:+.1f} +- {slo_ci:.1f} points)", flush=True)
 
 if __name__ == "__main__":

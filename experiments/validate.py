@@ -5,6 +5,7 @@
     llm-lb-gym validate --fit            # refit on the fitted part, then validate (a few minutes)
     llm-lb-gym validate --split held_out --json out.json
     llm-lb-gym validate --no-frontend    # the serving fit's engine alone: what the API server's stage adds
+    llm-lb-gym validate --fit --input-workers 1   # refit with one request's input work at a time
 
 The corpus (``llm_lb_gym/calibration/corpus.json``, docs/calibration.md) holds published
 end-to-end results of vLLM servers with their setup; each case is replayed on one simulated
@@ -39,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-frontend", action="store_true",
                     help="drop the API server's frontend stage (sim/frontend.py): the engine's own figures, "
                          "to see what the frontend adds to each case")
+    ap.add_argument("--input-workers", type=int, default=None,
+                    help="the frontend's input_workers for this run (and the fit's start): 0 = every request's "
+                         "input work shares the CPU at once, k = k at a time in arrival order (sim/frontend.py)")
     ap.add_argument("--json", default=None, help="write every case's figures and errors here")
     return ap
 
@@ -70,11 +74,21 @@ def main(argv=None) -> dict:
     from llm_lb_gym.calibration.serving import ServingCalibration, evaluate, fit, headline_errors
 
     corpus = load_corpus()
+
+    def with_workers(cal):
+        if args.input_workers is None:
+            return cal
+        if args.input_workers < 0:
+            raise SystemExit(f"llm-lb-gym validate: --input-workers={args.input_workers}; allowed: an integer >= 0")
+        if cal.frontend is None:
+            raise SystemExit("llm-lb-gym validate: --input-workers needs a frontend (not with --before or --no-frontend)")
+        return dataclasses.replace(cal, frontend=dataclasses.replace(cal.frontend, input_workers=args.input_workers))
+
     if args.fit:
         print("fitting on the fitted part of the corpus:")
-        cal = fit(corpus)
+        cal = fit(corpus, start=with_workers(ServingCalibration.shipped()))
     else:
-        cal = before_calibration() if args.before else ServingCalibration.shipped()
+        cal = with_workers(before_calibration() if args.before else ServingCalibration.shipped())
     if args.no_frontend:
         cal = dataclasses.replace(cal, frontend=None)
     cases = corpus.cases if args.split == "all" else corpus.split(args.split)

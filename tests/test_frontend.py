@@ -71,3 +71,41 @@ def test_frontend_shows_in_the_env():
         out.append(info["metrics"])
     assert out[1]["completed"] == out[0]["completed"] == 120
     assert out[1]["mean_ttft_s"] >= out[0]["mean_ttft_s"] + 0.06 - 1e-9   # every request pays delay + its input job
+
+
+def test_one_input_worker_prepares_simultaneous_requests_one_after_another():
+    """Three requests at once: shared equally (input_workers=0) every input ends at 3 x its work;
+    one at a time (1) they end at 1x, 2x and 3x, in arrival order, and the total CPU is the same."""
+    fe = FrontendModel(request_s=0.01)
+    fast = LatencyModel(base_s=1e-3, token_s=1e-7)
+    arr, p, d = np.zeros(3), np.full(3, 16), np.full(3, 2)
+    shared = _run(arr, p, d, fe, fast)
+    one = _run(arr, p, d, FrontendModel(request_s=0.01, input_workers=1), fast)
+    # Shared: every input completes at 30 ms, so the three reach the engine together.
+    assert np.allclose(shared.first_scheduled_s, 0.03, rtol=1e-12)
+    # One at a time: ready at 10, 20, 30 ms; each is scheduled at the first iteration start after.
+    ready = np.array([0.01, 0.02, 0.03])
+    assert np.all(one.first_scheduled_s >= ready - 1e-12)
+    assert one.first_scheduled_s[0] == pytest.approx(0.01, rel=1e-12)
+    assert np.all(np.diff(one.first_scheduled_s) > 0)
+    assert episode_metrics(one)["mean_ttft_s"] < episode_metrics(shared)["mean_ttft_s"]
+    assert np.nanmax(one.seen_first_token_s) == pytest.approx(np.nanmax(shared.seen_first_token_s), abs=3e-3)
+
+
+def test_input_workers_is_validated_and_zero_is_the_old_model():
+    from llm_lb_gym._validate import ConfigError
+    from llm_lb_gym.sim.frontend import resolve_frontend
+
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="input_workers"):
+            FrontendModel(input_workers=bad)
+    with pytest.raises(ConfigError, match="input_workers"):
+        resolve_frontend({"input_workers": -2})
+    n = 50
+    rng = np.random.default_rng(0)
+    arr, p, d = np.sort(rng.uniform(0, 1, n)), rng.integers(10, 200, n), rng.integers(1, 30, n)
+    a, b = _run(arr, p, d, FE), _run(arr, p, d, FrontendModel(**{**FE.__dict__, "input_workers": 0}))
+    assert np.array_equal(a.seen_first_token_s, b.seen_first_token_s) and np.array_equal(a.seen_finish_s, b.seen_finish_s)
+    # A worker limit above the number of requests in flight changes nothing either.
+    c = _run(arr, p, d, FrontendModel(**{**FE.__dict__, "input_workers": n}))
+    assert np.array_equal(a.seen_first_token_s, c.seen_first_token_s)

@@ -131,3 +131,24 @@ def test_validate_without_the_frontend_shows_what_it_adds(tmp_path):
     for cid, sim in b.items():
         key = "median_ttft_ms" if "median_ttft_ms" in sim else "mean_ttft_ms"
         assert sim[key] < a[cid][key], cid
+
+
+def test_validate_input_workers_option(tmp_path):
+    """``--input-workers`` changes only the frontend's structure: 1 breaks the L4 closed loop's
+    lockstep (its c32 TTFT drops), a bad value or a run without a frontend names the option."""
+    import json
+
+    from llm_lb_gym.experiments import validate
+
+    for bad in (["--input-workers", "-1"], ["--before", "--input-workers", "1"]):
+        with pytest.raises(SystemExit, match="--input-workers"):
+            validate.main(["--split", "held_out"] + bad)
+    shared, one = tmp_path / "shared.json", tmp_path / "one.json"
+    validate.main(["--split", "held_out", "--json", str(shared)])
+    validate.main(["--split", "held_out", "--input-workers", "1", "--json", str(one)])
+    a = {c["id"]: c["simulated"] for c in json.loads(shared.read_text())["cases"]}
+    b = {c["id"]: c["simulated"] for c in json.loads(one.read_text())["cases"]}
+    c32 = "wmx-l4-qwen2.5-0.5b/c32"
+    assert b[c32]["median_ttft_ms"] < 0.5 * a[c32]["median_ttft_ms"]
+    c1 = "wmx-l4-qwen2.5-0.5b/c1"   # one request in flight: nothing to queue behind
+    assert b[c1]["median_ttft_ms"] == pytest.approx(a[c1]["median_ttft_ms"], rel=1e-9)

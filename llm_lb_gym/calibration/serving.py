@@ -136,7 +136,7 @@ def headline_errors(result: CaseResult) -> dict[str, float]:
 # The fit
 
 GPU_PARAMS = ("linear_flops", "attention_flops", "bandwidth")
-FRONTEND_PARAMS = ("delay_s", "request_s", "prompt_token_s", "first_token_s", "output_token_s")
+FRONTEND_PARAMS = FrontendModel.COSTS
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,9 @@ class FitSpace:
         cpu = (float(v[k]), float(v[k + 1]))
         launch = float(v[k + 2])
         k += 3
-        fe = FrontendModel(**dict(zip(FRONTEND_PARAMS, (float(t) for t in v[k:k + 5]))))
+        workers = self.start.frontend.input_workers if self.start.frontend is not None else 0
+        fe = FrontendModel(**dict(zip(FRONTEND_PARAMS, (float(t) for t in v[k:k + len(FRONTEND_PARAMS)]))),
+                           input_workers=workers)   # structure, not fitted: the start's
         return ServingCalibration(scales, cpu, fe, launch)
 
 

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
@@ -72,16 +73,35 @@ class FrontendModel:
     """When the first token is out: response headers and the first stream chunk."""
     output_token_s: float = 0.0
     """Per further output token: detokenization and its stream chunk."""
+    input_workers: int = 0
+    """How many requests' input work runs at once: 0 = all of them (processor sharing among
+    every job), k >= 1 = at most k, the others waiting in arrival order. Why: a Python API
+    server does a request's prompt work (parsing, template, tokenization) in one go between its
+    awaits, and vLLM tokenizes on a single worker thread (``serving_engine.py``'s
+    ``ThreadPoolExecutor(max_workers=1)``, vllm-project/vllm#25301), so requests that arrive
+    together are prepared one after another, not all at the same slow pace. The difference
+    shows in a closed loop of identical requests: shared equally, every input of a round
+    finishes at the round's end and the requests stay in lockstep (each waits for all the
+    others); one at a time, the first is ready after one input's work and the rounds spread
+    out. The streaming jobs (first chunk, further tokens) still share the CPU with it."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            check_range(f"frontend.{f.name}", getattr(self, f.name), 0.0)
+            if f.name == "input_workers":
+                if isinstance(self.input_workers, bool) or not isinstance(self.input_workers, int) or self.input_workers < 0:
+                    raise ConfigError(f"frontend.input_workers={self.input_workers!r}; allowed: an integer >= 0 "
+                                      "(0 = every request's input work at once)")
+            else:
+                check_range(f"frontend.{f.name}", getattr(self, f.name), 0.0)
 
     def input_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.prompt_token_s * prompt_tokens
 
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name):.4g}" for f in fields(self))
+
+    COSTS = ("delay_s", "request_s", "prompt_token_s", "first_token_s", "output_token_s")
+    """The fields that are times (the serving fit moves these; ``input_workers`` is structure)."""
 
 
 FRONTENDS: dict[str, FrontendModel] = {}
@@ -109,7 +129,7 @@ def resolve_frontend(value: Any, where: str = "engine.frontend") -> FrontendMode
         except ConfigError as exc:
             raise ConfigError(str(exc).replace("frontend.", f"{where}.", 1)) from None
     raise ConfigError(f"{where}={value!r} must be null, a frontend name ({', '.join(FRONTENDS) or 'none registered'}) "
-                      "or a mapping of request_s, prompt_token_s, first_token_s, output_token_s")
+                      "or a mapping of delay_s, request_s, prompt_token_s, first_token_s, output_token_s, input_workers")
 
 
 class Frontend:
@@ -123,7 +143,9 @@ class Frontend:
         self.jobs: list = []      # (virtual finish, seq, kind, rid), the jobs in service
         self.pending: list = []   # (time, seq, kind, rid), reported but not yet applied
         self.seq = 0
-        self.n_input = 0      # input jobs pending or in service
+        self.n_input = 0      # input jobs pending, queued or in service
+        self.input_queue: deque = deque()   # (seq, rid, work): input jobs waiting for a worker
+        self.inputs_running = 0             # input jobs in service (<= model.input_workers if > 0)
         self.ready: list[tuple[float, int]] = []   # (input completed at, request), not yet taken
         self.cancelled: set[int] = set()
         self.rest_done: dict[int, float] = {}    # rest jobs done before the engine's last token
@@ -196,6 +218,10 @@ class Frontend:
                 self.t = max(self.t, time)
                 if kind == _INPUT:
                     w = model.input_s(tb.prompt[rid])
+                    if model.input_workers and self.inputs_running >= model.input_workers:
+                        self.input_queue.append((seq, rid, w))
+                        continue
+                    self.inputs_running += 1
                 elif kind == _FIRST:
                     w = model.first_token_s
                 else:
@@ -208,6 +234,11 @@ class Frontend:
                 self.t = tc
                 if kind == _INPUT:
                     self.n_input -= 1
+                    self.inputs_running -= 1
+                    if self.input_queue:   # the next waiting input starts now (V is at this time)
+                        qseq, qrid, qw = self.input_queue.popleft()
+                        heapq.heappush(jobs, (self.V + qw, qseq, _INPUT, qrid))
+                        self.inputs_running += 1
                     if rid in self.cancelled:
                         self.cancelled.discard(rid)
                     else:

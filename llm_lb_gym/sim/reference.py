@@ -23,7 +23,8 @@ of cached hash blocks with reference counts and a plain list as the LRU order of
 ones, admissions applied one at a time, evictions done at the allocation that needs them.
 
 The frontend (``engine.frontend``, ``frontend.py``) is restated literally as well: every job
-keeps its remaining work, which each job in service loses at ``1 / n`` per second; a request
+keeps its remaining work, which each job in service loses at ``1 / n`` per second (with
+``input_workers`` > 0, input jobs beyond that many wait in a list, in arrival order); a request
 joins the waiting queue (at the back, in the order its input work ends) at the first iteration
 start at or after its input job completes.
 """
@@ -416,6 +417,7 @@ class _RefFrontend:
         self.reports: list[tuple] = []   # (time, order, kind, seq), kept sorted
         self.order = 0
         self.ready: list[_Seq] = []
+        self.queue: list[list] = []      # input jobs waiting for a worker (input_workers > 0), in order
 
     def report(self, time: float, kind: str, seq: _Seq) -> None:
         self.reports.append((time, self.order, kind, seq))
@@ -435,7 +437,8 @@ class _RefFrontend:
         return min(done, self.reports[0][0] if self.reports else math.inf)
 
     def inputs_left(self) -> bool:
-        return any(j[2] == "input" for j in self.jobs) or any(r[2] == "input" for r in self.reports)
+        return (any(j[2] == "input" for j in self.jobs) or any(r[2] == "input" for r in self.reports)
+                or bool(self.queue))
 
     def advance(self, until: float) -> None:
         while True:
@@ -449,7 +452,12 @@ class _RefFrontend:
                 for j in self.jobs:
                     j[0] -= (time - self.t) / n
                 self.t = max(self.t, time)
-                self.jobs.append([self._work(kind, seq), order, kind, seq])
+                job = [self._work(kind, seq), order, kind, seq]
+                workers = self.model.input_workers
+                if kind == "input" and workers and sum(j[2] == "input" for j in self.jobs) >= workers:
+                    self.queue.append(job)   # every worker busy: it waits, in arrival order
+                else:
+                    self.jobs.append(job)
             else:
                 job = min(self.jobs, key=lambda j: (j[0], j[1]))
                 for j in self.jobs:
@@ -457,6 +465,8 @@ class _RefFrontend:
                 self.jobs.remove(job)
                 job[0] = 0.0
                 self.t = done_at
+                if job[2] == "input" and self.queue:
+                    self.jobs.append(self.queue.pop(0))   # a worker is free: the next waiting input starts
                 self._complete(job[2], job[3], done_at)
         if self.jobs and until > self.t and until != math.inf:
             for j in self.jobs:
