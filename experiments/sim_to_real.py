@@ -14,7 +14,9 @@ with every time term scaled by the slowdown measured over that replay (the serve
 threads' waits for a CPU, ``llamacpp_sim.slowdown``: the machine is shared), and also at one
 speed per load (the median slowdown) and unscaled. The table per load: mean / p50 / p99 E2E and
 TTFT served and simulated, the simulated / served ratio of the means, and whether the routers'
-order by mean E2E (and by mean TTFT) is the same. Writes ``results.csv`` (every request of every
+order by mean E2E (and by mean TTFT) is the same; with ``--repeats`` > 1, every router pair's
+paired difference with its 95% CI and whether the simulator's sign agrees where the served one
+is resolved (``paired_table``). Writes ``results.csv`` (every request of every
 replay), ``summary.md`` and ``summary.json`` in ``--out``, with the command, each replay's
 slowdown and the load average of the machine before and after it.
 """
