@@ -31,7 +31,7 @@ import numpy as np
 from ..sim import roofline
 from ..sim.architecture import from_hf_config
 from ..sim.config import EngineConfig
-from ..sim.frontend import FRONTENDS, FrontendModel
+from ..sim.frontend import FRONTEND_COSTS, FRONTENDS, FrontendModel
 from ..sim.generations import generation_options
 from ..sim.gpus import get_gpu
 from ..sim.latency import LatencyModel
@@ -136,7 +136,7 @@ def headline_errors(result: CaseResult) -> dict[str, float]:
 # The fit
 
 GPU_PARAMS = ("linear_flops", "attention_flops", "bandwidth")
-FRONTEND_PARAMS = FrontendModel.COSTS
+FRONTEND_PARAMS = FRONTEND_COSTS
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,9 @@ class FrontendModel:
     def describe(self) -> str:
         return ", ".join(f"{f.name}={getattr(self, f.name):.4g}" for f in fields(self))
 
-    COSTS = ("delay_s", "request_s", "prompt_token_s", "first_token_s", "output_token_s")
-    """The fields that are times (the serving fit moves these; ``input_workers`` is structure)."""
+
+FRONTEND_COSTS: tuple[str, ...] = tuple(f.name for f in fields(FrontendModel) if f.type == "float")
+"""The fields that are times (the serving fit moves these; ``input_workers`` is structure)."""
 
 
 FRONTENDS: dict[str, FrontendModel] = {}
