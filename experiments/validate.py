@@ -40,11 +40,25 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-frontend", action="store_true",
                     help="drop the API server's frontend stage (sim/frontend.py): the engine's own figures, "
                          "to see what the frontend adds to each case")
-    ap.add_argument("--input-workers", type=int, default=None,
-                    help="the frontend's input_workers for this run (and the fit's start): 0 = every request's "
-                         "input work shares the CPU at once, k = k at a time in arrival order (sim/frontend.py)")
+    ap.add_argument("--input-workers", default=None, metavar="[ENDPOINT=]K",
+                    help="the frontends' input_workers for this run (and the fit's start): 0 = every request's "
+                         "input work shares the CPU at once, k = k at a time in arrival order (sim/frontend.py); "
+                         "ENDPOINT=K (chat, completions) sets one endpoint's only")
     ap.add_argument("--json", default=None, help="write every case's figures and errors here")
     return ap
+
+
+def parse_workers(value: str | None) -> tuple[str | None, int] | None:
+    """``--input-workers``: ``K`` (every endpoint) or ``ENDPOINT=K``."""
+    if value is None:
+        return None
+    from llm_lb_gym.calibration.corpus import ENDPOINTS
+
+    endpoint, _, k = value.rpartition("=")
+    if (endpoint and endpoint not in ENDPOINTS) or not k.isdigit():
+        raise SystemExit(f"llm-lb-gym validate: --input-workers={value!r}; allowed: an integer >= 0, or "
+                         f"ENDPOINT=K with ENDPOINT one of {', '.join(ENDPOINTS)}")
+    return endpoint or None, int(k)
 
 
 def kind(case) -> str:
@@ -64,7 +78,7 @@ def before_calibration():
     from llm_lb_gym.calibration.serving import ServingCalibration
     from llm_lb_gym.sim import roofline
 
-    return ServingCalibration({}, roofline.cpu_overhead(1), None)
+    return ServingCalibration({}, roofline.cpu_overhead(1), {})
 
 
 def main(argv=None) -> dict:
@@ -75,14 +89,17 @@ def main(argv=None) -> dict:
 
     corpus = load_corpus()
 
+    workers = parse_workers(args.input_workers)
+
     def with_workers(cal):
-        if args.input_workers is None:
+        if workers is None:
             return cal
-        if args.input_workers < 0:
-            raise SystemExit(f"llm-lb-gym validate: --input-workers={args.input_workers}; allowed: an integer >= 0")
-        if cal.frontend is None:
+        if not cal.frontends:
             raise SystemExit("llm-lb-gym validate: --input-workers needs a frontend (not with --before or --no-frontend)")
-        return dataclasses.replace(cal, frontend=dataclasses.replace(cal.frontend, input_workers=args.input_workers))
+        endpoint, k = workers
+        fes = {ep: dataclasses.replace(fe, input_workers=k) if endpoint in (None, ep) else fe
+               for ep, fe in cal.frontends.items()}
+        return dataclasses.replace(cal, frontends=fes)
 
     if args.fit:
         print("fitting on the fitted part of the corpus:")
@@ -90,7 +107,7 @@ def main(argv=None) -> dict:
     else:
         cal = with_workers(before_calibration() if args.before else ServingCalibration.shipped())
     if args.no_frontend:
-        cal = dataclasses.replace(cal, frontend=None)
+        cal = dataclasses.replace(cal, frontends={})
     cases = corpus.cases if args.split == "all" else corpus.split(args.split)
     results = evaluate(cases, corpus, cal)
     print(f"llm_lb_gym {__version__}; corpus sha256 {corpus_digest()[:16]}, {len(corpus.cases)} cases; "
@@ -109,7 +126,7 @@ def main(argv=None) -> dict:
         med, mx, n = summary(rs, headline_errors)
         print(f"  {split:<9}{src:<40}{med:>7.1%} / {mx:>6.1%}  ({n} figures)")
     report = {"version": __version__, "corpus_sha256": corpus_digest(), "before": args.before,
-              "frontend": cal.frontend is not None, "splits": {}}
+              "frontend": bool(cal.frontends), "splits": {}}
     for split in ("fitted", "held_out"):
         for k in ("gpu-bound", "api-bound"):
             rs = [r for r in results if r.case.split == split and kind(r.case) == k]

@@ -25,7 +25,11 @@ from typing import Any
 
 CORPUS_PATH = Path(__file__).with_name("corpus.json")
 SPLITS = ("fitted", "held_out")
-WORKLOAD_KINDS = ("batch", "closed")
+WORKLOAD_KINDS = ("batch", "closed", "poisson")
+ENDPOINTS = ("chat", "completions")
+"""The OpenAI API endpoint a case's client called: ``/v1/chat/completions`` (the chat template
+is rendered per request) or ``/v1/completions`` (the prompt as sent). The API server's
+per-request work differs between them, so each has its own frontend (``serving.py``)."""
 METRICS = ("duration_s", "mean_ttft_ms", "median_ttft_ms", "median_tpot_ms", "median_itl_ms",
            "median_e2e_ms")
 """What a case may report; ``validate`` compares every one a case has."""
@@ -34,7 +38,9 @@ METRICS = ("duration_s", "mean_ttft_ms", "median_ttft_ms", "median_tpot_ms", "me
 @dataclass(frozen=True)
 class Workload:
     """The requests of one benchmark run: ``batch`` = all sent at once (``--request-rate inf``),
-    ``closed`` = ``concurrency`` in flight, the next sent when one ends (``--max-concurrency``)."""
+    ``closed`` = ``concurrency`` in flight, the next sent when one ends (``--max-concurrency``),
+    ``poisson`` = sent at ``rate_rps`` with exponential gaps (``--request-rate R``, burstiness 1;
+    ``replay.poisson_arrivals`` draws them as the client does, once per seed of ``seeds``)."""
 
     kind: str
     num_requests: int
@@ -47,6 +53,10 @@ class Workload:
     lognormal of this sigma (seed 0) scaled to those means, for a dataset whose per-request
     lengths are not published (ShareGPT): identical requests in a closed loop run in lockstep,
     which real ones of varied lengths do not."""
+    rate_rps: float | None = None
+    seeds: tuple[int, ...] = ()
+    """``poisson``: the client's seeds (one run each); the measured figures are their mean and
+    the simulated ones the mean over as many seeded arrival sequences."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,7 @@ class Case:
     model: str
     gpu: str
     tensor_parallel: int
+    endpoint: str
     workload: Workload
     measured: dict[str, float]
     engine_options: dict[str, Any] = field(default_factory=dict)
@@ -107,14 +118,20 @@ def _case(raw: dict, sources: dict, models: dict) -> Case:
         raise ValueError(f"{where}: workload kind {w['kind']!r}; allowed: {', '.join(WORKLOAD_KINDS)}")
     if w["kind"] == "closed" and not w.get("concurrency"):
         raise ValueError(f"{where}: a closed-loop workload needs its concurrency")
+    if w["kind"] == "poisson" and not (float(w.get("rate_rps") or 0) > 0 and w.get("seeds")):
+        raise ValueError(f"{where}: a poisson workload needs rate_rps > 0 and its seeds")
+    if raw.get("endpoint") not in ENDPOINTS:
+        raise ValueError(f"{where}: endpoint {raw.get('endpoint')!r}; allowed: {', '.join(ENDPOINTS)}")
     unknown = sorted(set(raw["measured"]) - set(METRICS) - {"request_throughput_rps"})
     if unknown:
         raise ValueError(f"{where}: unknown measured metric(s) {', '.join(unknown)}; allowed: {', '.join(METRICS)}")
     return Case(id=raw["id"], source=src, split=split, engine=raw["engine"], engine_version=raw["engine_version"],
                 generation=raw["generation"], model=raw["model"], gpu=raw["gpu"],
-                tensor_parallel=int(raw.get("tensor_parallel", 1)),
+                tensor_parallel=int(raw.get("tensor_parallel", 1)), endpoint=raw["endpoint"],
                 workload=Workload(w["kind"], int(w["num_requests"]), int(w["prompt_tokens"]), int(w["output_tokens"]),
-                                  w.get("concurrency"), w.get("shape_note", ""), float(w.get("length_spread", 0.0))),
+                                  w.get("concurrency"), w.get("shape_note", ""), float(w.get("length_spread", 0.0)),
+                                  float(w["rate_rps"]) if w.get("rate_rps") else None,
+                                  tuple(int(x) for x in w.get("seeds", ()))),
                 measured={k: float(v) for k, v in raw["measured"].items() if k in METRICS},
                 engine_options=dict(raw.get("engine_options", {})), server_flags=raw.get("server_flags", ""),
                 client=raw.get("client", ""))

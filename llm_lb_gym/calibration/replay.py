@@ -1,10 +1,11 @@
 """Replay a corpus case (``corpus.py``) through the simulator and compute what the benchmark printed.
 
-The benchmark clients of the corpus (``vllm bench serve``) either send every request at once
-(``batch``: ``--request-rate inf``) or keep ``concurrency`` requests in flight (``closed``:
-``--max-concurrency``, the next request sent when a response ends). Both are driven here on
-one simulated instance, and the figures are computed as the client computes them: duration =
-last response's end - first send; TTFT = first token seen - send; TPOT = (end - first token) /
+The benchmark clients of the corpus (``vllm bench serve``) send every request at once
+(``batch``: ``--request-rate inf``), keep ``concurrency`` requests in flight (``closed``:
+``--max-concurrency``, the next request sent when a response ends) or send at a rate
+(``poisson``: ``--request-rate R``, :func:`poisson_arrivals`). Each is driven here on one
+simulated instance, and the figures are computed as the client computes them: duration =
+last response's end - the benchmark's start (the first send; a rate's first gap before it); TTFT = first token seen - send; TPOT = (end - first token) /
 (output tokens - 1) per request; E2E = end - send; with a frontend (``sim/frontend.py``) the
 times are those the client sees. Median ITL is compared with the simulated median TPOT (the
 simulator has no per-token timestamps; within a request its decode steps are equal between
@@ -38,7 +39,7 @@ class Replay:
     rejected: int
 
 
-def _figures(table: RequestTable) -> dict[str, float]:
+def _figures(table: RequestTable, start_s: float | None = None) -> dict[str, float]:
     st = np.fromiter(table.status, np.int64, table.n)
     fin = st == Status.FINISHED
     arr = np.asarray(table.arrival_s)[fin]
@@ -53,7 +54,8 @@ def _figures(table: RequestTable) -> dict[str, float]:
     multi = dec > 1
     tpot = (end[multi] - first[multi]) / (dec[multi] - 1)
     ttft, e2e = first - arr, end - arr
-    return {"duration_s": float(end.max() - arr.min()), "mean_ttft_ms": 1e3 * float(ttft.mean()),
+    start = float(arr.min()) if start_s is None else start_s
+    return {"duration_s": float(end.max() - start), "mean_ttft_ms": 1e3 * float(ttft.mean()),
             "median_ttft_ms": 1e3 * float(np.median(ttft)),
             "median_tpot_ms": 1e3 * float(np.median(tpot)) if len(tpot) else math.nan,
             "median_itl_ms": 1e3 * float(np.median(tpot)) if len(tpot) else math.nan,
@@ -65,12 +67,34 @@ def replay(case: Case, engine: EngineConfig) -> Replay:
     w = case.workload
     n = w.num_requests
     p, d = lengths(w)
+    if w.kind == "poisson":   # one run per seed, the figures averaged (as the corpus's are)
+        runs = [_open_loop(poisson_arrivals(n, float(w.rate_rps), seed), p, d, engine) for seed in w.seeds]
+        figs = [_figures(t, start_s=0.0) for t, _ in runs]
+        return Replay({k: float(np.mean([f[k] for f in figs])) for k in figs[0]},
+                      sum(sum(t.preemptions) for t, _ in runs), sum(c.n_rejected for _, c in runs))
     if w.kind == "batch":
-        table = RequestTable(np.zeros(n), p, d, d)
-        cluster = simulate(_Batch(table), ClusterConfig(num_instances=1, engine=engine), table=table)
+        table, cluster = _open_loop(np.zeros(n), p, d, engine)
     else:
         table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine)
     return Replay(_figures(table), sum(table.preemptions), cluster.n_rejected)
+
+
+def poisson_arrivals(n: int, rate_rps: float, seed: int) -> np.ndarray:
+    """Send times of ``n`` requests at ``rate_rps`` as ``vllm bench serve`` makes them with
+    burstiness 1 (``get_request``): exponential gaps (the first one before the first request),
+    summed, then scaled so that the last request is sent at exactly ``n / rate_rps`` (the client
+    does this "for stabilizing the throughput data from different random seeds"). The draws
+    are this module's (numpy's default generator on ``seed``), not the client's: the same
+    process, not the same sequence."""
+    t = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_rps, n))
+    return t * ((n / rate_rps) / t[-1])
+
+
+def _open_loop(arrival_s, p, d, engine: EngineConfig):
+    """Requests sent at fixed times (all at once, or at a rate), on one instance."""
+    table = RequestTable(np.asarray(arrival_s, dtype=float), p, d, d)
+    cluster = simulate(_Batch(table), ClusterConfig(num_instances=1, engine=engine), table=table)
+    return table, cluster
 
 
 def lengths(w) -> tuple[np.ndarray, np.ndarray]:

@@ -44,23 +44,28 @@ HEADLINE = ("duration_s", "mean_ttft_ms", "median_tpot_ms")
 
 @dataclass(frozen=True)
 class ServingCalibration:
-    """Everything the serving fit sets: per-GPU scales, the engine's CPU step, the frontend."""
+    """Everything the serving fit sets: per-GPU scales, the engine's CPU step, the frontend of
+    each API endpoint (``corpus.ENDPOINTS``; an endpoint without one: no frontend)."""
 
     scales: dict[str, roofline.ServingScale] = field(default_factory=dict)
     cpu_s: tuple[float, float] = (0.0, 0.0)
-    frontend: FrontendModel | None = None
+    frontends: dict[str, FrontendModel] = field(default_factory=dict)
     launch_scale: float = 1.0
 
     @classmethod
     def shipped(cls) -> "ServingCalibration":
         """The library's constants (what ``engine.latency_fit=serving`` and the generation's
-        frontend give)."""
-        return cls(dict(roofline.SERVING_SCALES), roofline.SERVING_CPU_S, FRONTENDS.get("vllm-v1-api"),
-                   roofline.SERVING_LAUNCH_SCALE)
+        frontend give; ``ENDPOINT_FRONTENDS`` names each endpoint's)."""
+        return cls(dict(roofline.SERVING_SCALES), roofline.SERVING_CPU_S,
+                   {ep: FRONTENDS[name] for ep, name in ENDPOINT_FRONTENDS.items()}, roofline.SERVING_LAUNCH_SCALE)
 
     def scale(self, gpu: str) -> roofline.ServingScale:
         """As ``roofline.serving_scale``: 1 for a GPU the fit has no runs of."""
         return self.scales.get(gpu, roofline.ServingScale())
+
+
+ENDPOINT_FRONTENDS = {"chat": "vllm-v1-api", "completions": "vllm-v1-api-completions"}
+"""The registered frontend (``sim/frontend.py``) of each API endpoint a corpus case can call."""
 
 
 _CONFIG_DIR: list[Path] = []
@@ -90,7 +95,8 @@ def case_engine(case: Case, corpus: Corpus, cal: ServingCalibration) -> EngineCo
     path = model_config_path(corpus, case.model)
     fields_ = roofline.serving_fields(arch, gpu, case.tensor_parallel, cal.scale(case.gpu), cal.cpu_s, cal.launch_scale)
     engine = EngineConfig(model_config=path, gpu=case.gpu, tensor_parallel=case.tensor_parallel,
-                          latency=roofline.to_latency_model(fields_), frontend=cal.frontend, **opts)
+                          latency=roofline.to_latency_model(fields_), frontend=cal.frontends.get(case.endpoint),
+                          **opts)
     # vLLM refuses to start unless its KV cache holds one whole context window, so a server that
     # ran had at least that: a floor under the memory model's estimate (which is V0's, and
     # short of it for a 32B model on one 80 GB GPU by 5-12%).
@@ -137,6 +143,10 @@ def headline_errors(result: CaseResult) -> dict[str, float]:
 
 GPU_PARAMS = ("linear_flops", "attention_flops", "bandwidth")
 FRONTEND_PARAMS = FRONTEND_COSTS
+COMPLETIONS_PARAMS = ("delay_s", "request_s")
+"""What the completions endpoint's frontend fits on its own; its per-token costs (tokenization,
+the first chunk, detokenization) are the chat frontend's: the same code serves both endpoints,
+and what differs is the per-request work (the chat template, message parsing) and the host."""
 
 
 @dataclass(frozen=True)
@@ -145,16 +155,26 @@ class FitSpace:
 
     gpus: tuple[str, ...]
     start: ServingCalibration
+    endpoints: tuple[str, ...] = ("chat",)
 
     def names(self) -> list[str]:
-        return ([f"{g}.{p}" for g in self.gpus for p in GPU_PARAMS] + ["cpu_base_s", "cpu_seq_s", "launch_scale"]
-                + [f"frontend.{p}" for p in FRONTEND_PARAMS])
+        out = ([f"{g}.{p}" for g in self.gpus for p in GPU_PARAMS] + ["cpu_base_s", "cpu_seq_s", "launch_scale"]
+               + [f"frontend.{p}" for p in FRONTEND_PARAMS])
+        if "completions" in self.endpoints:
+            out += [f"completions.{p}" for p in COMPLETIONS_PARAMS]
+        return out
+
+    def _start_fe(self, endpoint: str) -> FrontendModel:
+        return self.start.frontends.get(endpoint) or self.start.frontends.get("chat") or FrontendModel()
 
     def to_vector(self, cal: ServingCalibration) -> np.ndarray:
         v = [getattr(cal.scale(g), p) for g in self.gpus for p in GPU_PARAMS]
         v += [max(cal.cpu_s[0], 1e-6), max(cal.cpu_s[1], 1e-8), cal.launch_scale]
-        fe = cal.frontend or FrontendModel()
+        fe = cal.frontends.get("chat") or FrontendModel()
         v += [max(getattr(fe, p), 1e-7) for p in FRONTEND_PARAMS]
+        if "completions" in self.endpoints:
+            fc = cal.frontends.get("completions") or fe
+            v += [max(getattr(fc, p), 1e-7) for p in COMPLETIONS_PARAMS]
         return np.log(np.array(v))
 
     def from_vector(self, x: np.ndarray) -> ServingCalibration:
@@ -167,10 +187,15 @@ class FitSpace:
         cpu = (float(v[k]), float(v[k + 1]))
         launch = float(v[k + 2])
         k += 3
-        workers = self.start.frontend.input_workers if self.start.frontend is not None else 0
-        fe = FrontendModel(**dict(zip(FRONTEND_PARAMS, (float(t) for t in v[k:k + len(FRONTEND_PARAMS)]))),
-                           input_workers=workers)   # structure, not fitted: the start's
-        return ServingCalibration(scales, cpu, fe, launch)
+        chat = dict(zip(FRONTEND_PARAMS, (float(t) for t in v[k:k + len(FRONTEND_PARAMS)])))
+        k += len(FRONTEND_PARAMS)
+        # input_workers is structure, not fitted: each endpoint keeps its start's
+        fes = {"chat": FrontendModel(**chat, input_workers=self._start_fe("chat").input_workers)}
+        if "completions" in self.endpoints:
+            own = dict(zip(COMPLETIONS_PARAMS, (float(t) for t in v[k:k + len(COMPLETIONS_PARAMS)])))
+            fes["completions"] = FrontendModel(**{**chat, **own},
+                                               input_workers=self._start_fe("completions").input_workers)
+        return ServingCalibration(scales, cpu, fes, launch)
 
 
 def residuals(results: Sequence[CaseResult]) -> np.ndarray:
@@ -208,7 +233,7 @@ def fit(corpus: Corpus | None = None, start: ServingCalibration | None = None, m
     cases = corpus.fitted_cases
     gpus = tuple(sorted({c.gpu for c in cases}))
     start = start or ServingCalibration.shipped()
-    space = FitSpace(gpus, start)
+    space = FitSpace(gpus, start, tuple(sorted({c.endpoint for c in cases})))
     names = space.names()
     lo = np.log([LOG_BOUNDS[n.split(".")[-1]][0] for n in names])
     hi = np.log([LOG_BOUNDS[n.split(".")[-1]][1] for n in names])

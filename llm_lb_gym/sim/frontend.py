@@ -48,7 +48,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
 from .._validate import ConfigError, check_range, lookup
@@ -281,10 +281,17 @@ class Frontend:
 
 # Printed by `llm-lb-gym validate --fit` (calibration/serving.py): vLLM 0.11's OpenAI API server,
 # chat completions (GPUStack's runs: 1,000 requests of 128 / 4 tokens at once on an A100 and an H100,
-# Qwen3-8B at concurrency 1-8). Per-token tokenization is below what these runs resolve (fitted to
-# its 1e-9 s floor). docs/calibration.md.
-register_frontend("vllm-v1-api", FrontendModel(delay_s=0.02555, request_s=0.01126, prompt_token_s=1.051e-9,
-                                               first_token_s=0.004253, output_token_s=1.770e-5))
+# Qwen3-8B at concurrency 1-8). docs/calibration.md.
+register_frontend("vllm-v1-api", FrontendModel(delay_s=0.02562, request_s=0.01121, prompt_token_s=1.691e-8,
+                                               first_token_s=0.004524, output_token_s=1.078e-5))
+# vLLM's completions endpoint (/v1/completions: the prompt as sent, no chat template), fitted with
+# the chat one: its per-request costs on kvcached's H100 runs (vLLM 0.19, Qwen3-0.6B, 500 requests of
+# 512 / 128 tokens at once and at 16 req/s), its per-token costs the chat frontend's (one set of
+# tokenization / detokenization code serves both endpoints). One input at a time: fitted with every
+# input sharing the CPU instead, the flood's first tokens come together late (median TTFT +23%, the
+# fit's objective 0.054 against 0.040), where the measured ones spread over the run.
+register_frontend("vllm-v1-api-completions", replace(FRONTENDS["vllm-v1-api"], delay_s=0.02190, request_s=0.004677,
+                                                     input_workers=1))
 # llama-server (the sim-to-real backends): a lone 16-token request's streamed first token 4.7 ms
 # after the server's own prompt time (median of 8; experiments/calibrate_llamacpp.py profile).
 # Its HTTP threads' CPU work is not resolved by the profile: none is modelled.
