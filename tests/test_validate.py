@@ -196,3 +196,23 @@ def test_corpus_case_errors_name_the_field():
     del bad["workload"]["rate_rps"]
     with pytest.raises(ValueError, match="poisson workload needs rate_rps"):
         _case(bad, raw["sources"], raw["models"])
+
+
+def test_shipped_serving_constants_are_the_fits_optimum(corpus):
+    """The library's rounded constants (``roofline.SERVING_*``, the two vLLM frontends) are
+    where ``validate --fit`` ends: refitted from them, least squares moves no parameter by more
+    than the 4-significant-digit rounding and a few percent of slack (a flat direction), and the
+    objective does not fall by more than 2% (a few evaluations; the full refit is ~40 s)."""
+    from llm_lb_gym.calibration import serving
+
+    start = ServingCalibration.shipped()
+    gpus = tuple(sorted({c.gpu for c in corpus.fitted_cases}))
+    space = serving.FitSpace(gpus, start, tuple(sorted({c.endpoint for c in corpus.fitted_cases})))
+    before = serving.objective(evaluate(corpus.fitted_cases, corpus, start))
+    cal = serving.fit(corpus, start=start, max_evals=21, log=lambda _: None)
+    after = serving.objective(evaluate(corpus.fitted_cases, corpus, cal))
+    assert after >= 0.98 * before
+    moved = np.abs(space.to_vector(cal) - space.to_vector(start))
+    names = space.names()
+    assert moved.max() < 0.05, names[int(moved.argmax())]
+    assert cal.frontends["completions"].input_workers == 1 and cal.frontends["chat"].input_workers == 0
