@@ -5,8 +5,9 @@ The benchmark clients of the corpus (``vllm bench serve``) send every request at
 ``--max-concurrency``, the next request sent when a response ends) or send at a rate
 (``poisson``: ``--request-rate R``, :func:`poisson_arrivals`). Each is driven here on one
 simulated instance, and the figures are computed as the client computes them: duration =
-last response's end - the benchmark's start (the first send; a rate's first gap before it); TTFT = first token seen - send; TPOT = (end - first token) /
-(output tokens - 1) per request; E2E = end - send; with a frontend (``sim/frontend.py``) the
+last response's end - the benchmark's start (the first send; at a rate, the first gap comes
+before it); TTFT = first token seen - send; TPOT = (end - first token) / (output tokens - 1)
+per request; E2E = end - send; with a frontend (``sim/frontend.py``) the
 times are those the client sees. Median ITL is compared with the simulated median TPOT (the
 simulator has no per-token timestamps; within a request its decode steps are equal between
 events, so the two medians differ only by the gaps that prefills insert).

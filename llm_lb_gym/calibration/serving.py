@@ -14,7 +14,8 @@ attention, memory bandwidth), the serving engine's CPU step terms and the API se
 (``sim/frontend.FrontendModel``), minimising the sum of squared log-ratios of simulated to
 measured figures (each case's figures weigh alike; a derivative-free search in log space:
 every evaluation is a set of simulations). The library holds the rounded result
-(``roofline.SERVING_SCALES``, ``SERVING_CPU_S``, the ``vllm-v1-api`` frontend).
+(``roofline.SERVING_SCALES``, ``SERVING_CPU_S``, the ``vllm-v1-api`` frontend of chat clients and
+the ``vllm-v1-api-completions`` one of ``/v1/completions`` clients, ``ENDPOINT_FRONTENDS``).
 """
 
 from __future__ import annotations
