@@ -105,15 +105,57 @@ def sample(args, rate: float, slot_tokens: int):
 def simulate(batch, router: str, engine, n: int, seed: int) -> dict:
     """The requests through the simulator: ``n`` instances of ``engine``, oracle predictions
     (= max_tokens, as the router service predicts them: it knows max_tokens only)."""
+    from llm_lb_gym.sim.metrics import episode_metrics
+
+    return episode_metrics(simulate_table(batch, router, engine, n, seed))
+
+
+def simulate_table(batch, router: str, engine, n: int, seed: int):
+    """As :func:`simulate`, the request table itself (per-request times, client-side with a
+    frontend; the instance each request went to)."""
     from llm_lb_gym.routers.drive import run_router
     from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.sim.config import ClusterConfig
-    from llm_lb_gym.sim.metrics import episode_metrics
 
     r = make_router(router)
     cluster = run_router(batch, ClusterConfig(num_instances=n, engine=engine), r, np.random.default_rng(seed),
                          DECISION_INTERVAL_S if r.defers else 0.0)
-    return episode_metrics(cluster.table)
+    for fe in cluster.table.frontends:
+        fe.flush()
+    return cluster.table
+
+
+ARRIVAL_STATES = ("cluster idle", "other instance busy", "own instance busy")
+
+
+def arrival_states(arrival_s, finish_s, instance) -> list[str]:
+    """Each request's simulated state when it arrived: no other request in flight anywhere, others
+    in flight on other instances only, or another on its own instance. Why: the contention
+    correction is one slowdown per replay, while on a shared machine a server computes slower
+    at the moments the others do; the TTFT error per state shows whether that is what is missed
+    (docs/serving.md)."""
+    arr, fin, inst = (np.asarray(x) for x in (arrival_s, finish_s, instance))
+    out = []
+    for i in range(len(arr)):
+        live = (arr < arr[i]) & (fin > arr[i])
+        out.append(ARRIVAL_STATES[2] if np.any(live & (inst == inst[i]))
+                   else ARRIVAL_STATES[1] if np.any(live) else ARRIVAL_STATES[0])
+    return out
+
+
+def arrival_split(rows: list[dict], routers) -> list[str]:
+    """Mean TTFT served and simulated (at each replay's slowdown) per router and arrival state,
+    over every load and repeat: ``rows`` of results.csv with ``sim_ttft_s`` and ``arrival_state``."""
+    lines = ["mean TTFT by the simulated state at arrival (every load and repeat; simulated at each replay's "
+             "slowdown):", "", "| router | state | requests | served (s) | sim (s) | sim/served - 1 |", "|---|---|---|---|---|---|"]
+    for router in routers:
+        for state in ARRIVAL_STATES:
+            xs = [(r["ttft_s"], r["sim_ttft_s"]) for r in rows if r["router"] == router and r.get("arrival_state") == state
+                  and r["ttft_s"] == r["ttft_s"] and r["sim_ttft_s"] == r["sim_ttft_s"]]
+            if xs:
+                served, sim = (float(np.mean(v)) for v in zip(*xs))
+                lines.append(f"| {router} | {state} | {len(xs)} | {served:.3f} | {sim:.3f} | {sim / served - 1:+.1%} |")
+    return lines + [""]
 
 
 def start_router(urls, router: str, args, slot_tokens: int, preset: str):
@@ -236,6 +278,7 @@ def main(argv=None) -> dict:
     from llm_lb_gym import __version__
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config, scaled_latency
+    from llm_lb_gym.sim.metrics import episode_metrics
     from llm_lb_gym.serve.loadgen import summarize
 
     if args.servers < 1:
@@ -305,9 +348,19 @@ def main(argv=None) -> dict:
             # are also simulated at one speed (the median), the ranking a machine of fixed speed gives.
             common = float(np.median(list(factors.values())))
             for router in routers:
-                for name, f in ((" (sim)", factors[router]), (" (sim, one speed)", common)):
-                    eng = replace(engine, latency=scaled_latency(base_lat, f))
-                    summary[router + name] = simulate(batch, router, eng, args.servers, rep_args.seed)
+                eng = replace(engine, latency=scaled_latency(base_lat, factors[router]))
+                tb = simulate_table(batch, router, eng, args.servers, rep_args.seed)
+                summary[router + " (sim)"] = episode_metrics(tb)
+                eng = replace(engine, latency=scaled_latency(base_lat, common))
+                summary[router + " (sim, one speed)"] = simulate(batch, router, eng, args.servers, rep_args.seed)
+                first = np.asarray(tb.seen_first_token_s if tb.frontends else tb.first_token_s)
+                end = np.asarray(tb.seen_finish_s if tb.frontends else tb.finish_s)
+                states = arrival_states(tb.arrival_s, end, tb.instance)
+                for row in rows:   # this replay's rows: the simulated times beside the served ones
+                    if row["rate_rps"] == rate and row["repeat"] == k and row["router"] == router:
+                        i = row["index"]
+                        row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
+                                   sim_instance=int(tb.instance[i]), arrival_state=states[i])
             if args.repeats == 1:
                 lines += table(summary, routers, rate, common)
             per_repeat.append(summary)
@@ -316,6 +369,8 @@ def main(argv=None) -> dict:
         report[str(rate)] = per_repeat[0]
         report.setdefault("repeats", {})[str(rate)] = per_repeat
         report.setdefault("ranking", {})[str(rate)] = verdict
+    if not args.no_stream:
+        lines += arrival_split(rows, routers)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

@@ -162,6 +162,12 @@ def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     assert s["round_robin (sim)"]["mean_e2e_s"] > 0
     text = (tmp_path / "summary.md").read_text()
     assert "| round_robin (sim) |" in text and "ranking by mean_e2e_s" in text
+    assert "mean TTFT by the simulated state at arrival" in text
+    import csv
+
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))   # each request's simulated times beside the served
+    assert len(rows) == 4 and all(float(r["sim_ttft_s"]) > 0 and float(r["sim_e2e_s"]) >= float(r["sim_ttft_s"])
+                                  and r["arrival_state"] in sim_to_real.ARRIVAL_STATES for r in rows)
 
 
 def test_sim_to_real_simulates_with_the_fit_of_a_given_profile(tmp_path):

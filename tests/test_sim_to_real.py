@@ -271,3 +271,22 @@ def test_paired_table_counts_resolved_pairs_and_the_simulators_sign():
     text = "\n".join(lines)
     assert "- b - a: served +0.500" in text and "OPPOSITE sign" in text
     assert "resolved: 2 of 3 pairs; the simulator's sign agrees in 1 of 2" in text
+
+
+def test_arrival_states_and_the_split_by_them():
+    """A request's state at arrival: nothing in flight, others on other instances only, or
+    another on its own instance; the split averages served and simulated TTFT per state."""
+    from llm_lb_gym.experiments.sim_to_real import ARRIVAL_STATES, arrival_split, arrival_states
+
+    # 0 arrives to an idle cluster on instance 0; 1 arrives while 0 runs, on instance 1; 2 while
+    # 0 runs, on instance 0; 3 after everything ended.
+    states = arrival_states([0.0, 0.5, 0.6, 5.0], [1.0, 2.0, 3.0, 6.0], [0, 1, 0, 1])
+    assert states == [ARRIVAL_STATES[0], ARRIVAL_STATES[1], ARRIVAL_STATES[2], ARRIVAL_STATES[0]]
+    rows = [dict(router="rr", ttft_s=t, sim_ttft_s=s, arrival_state=st)
+            for t, s, st in zip([0.1, 0.2, 0.4, 0.3], [0.1, 0.1, 0.2, 0.15], states)]
+    rows.append(dict(router="rr", ttft_s=float("nan"), sim_ttft_s=0.1, arrival_state=ARRIVAL_STATES[0]))  # no TTFT
+    lines = arrival_split(rows, ["rr"])
+    idle = next(line for line in lines if "| cluster idle |" in line)
+    assert "| 2 | 0.200 | 0.125 | -37.5% |" in idle
+    assert any("| other instance busy | 1 | 0.200 | 0.100 | -50.0% |" in line for line in lines)
+    assert any("| own instance busy | 1 | 0.400 | 0.200 | -50.0% |" in line for line in lines)
