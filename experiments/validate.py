@@ -6,6 +6,8 @@
     llm-lb-gym validate --split held_out --json out.json
     llm-lb-gym validate --no-frontend    # the serving fit's engine alone: what the API server's stage adds
     llm-lb-gym validate --fit --input-workers 1   # refit with one request's input work at a time
+    llm-lb-gym validate --kv-allocation request   # V0's whole-prompt KV reservation instead of V1's per chunk
+    llm-lb-gym validate --scale h100-80gb.bandwidth=0.64 --scale h100-80gb.kv_bandwidth=0.64   # a diagnostic
 
 The corpus (``llm_lb_gym/calibration/corpus.json``, docs/calibration.md) holds published
 end-to-end results of vLLM servers with their setup; each case is replayed on one simulated
@@ -44,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
                     help="the frontends' input_workers for this run (and the fit's start): 0 = every request's "
                          "input work shares the CPU at once, k = k at a time in arrival order (sim/frontend.py); "
                          "ENDPOINT=K (chat, completions) sets one endpoint's only")
+    ap.add_argument("--kv-allocation", choices=("request", "chunk"), default=None,
+                    help="override the engine generation's KV allocation (vLLM V1: chunk, each prefill chunk's "
+                         "blocks as it is scheduled; request: V0's reservation of the whole prompt at admission)")
+    ap.add_argument("--scale", action="append", default=[], metavar="GPU.FACTOR=X",
+                    help="set one per-GPU serving factor for this run (a diagnostic; repeatable), FACTOR one of "
+                         "linear_flops, attention_flops, bandwidth, kv_bandwidth: e.g. h100-80gb.bandwidth=0.64")
     ap.add_argument("--json", default=None, help="write every case's figures and errors here")
     return ap
 
@@ -59,6 +67,26 @@ def parse_workers(value: str | None) -> tuple[str | None, int] | None:
         raise SystemExit(f"llm-lb-gym validate: --input-workers={value!r}; allowed: an integer >= 0, or "
                          f"ENDPOINT=K with ENDPOINT one of {', '.join(ENDPOINTS)}")
     return endpoint or None, int(k)
+
+
+def apply_scales(cal, items: list[str]):
+    """``--scale GPU.FACTOR=X``: ``cal`` with those serving factors replaced."""
+    from llm_lb_gym.calibration.serving import GPU_PARAMS
+    from llm_lb_gym.sim.gpus import GPUS
+
+    scales = dict(cal.scales)
+    for item in items:
+        key, _, value = item.partition("=")
+        gpu, _, factor = key.rpartition(".")
+        try:
+            x = float(value)
+        except ValueError:
+            x = -1.0
+        if gpu not in GPUS or factor not in GPU_PARAMS or not x > 0:
+            raise SystemExit(f"llm-lb-gym validate: --scale {item!r}; expected GPU.FACTOR=X with GPU one of "
+                             f"{', '.join(GPUS)}, FACTOR one of {', '.join(GPU_PARAMS)} and X > 0")
+        scales[gpu] = dataclasses.replace(cal.scale(gpu), **{factor: x})
+    return dataclasses.replace(cal, scales=scales)
 
 
 def kind(case) -> str:
@@ -78,7 +106,7 @@ def before_calibration():
     from llm_lb_gym.calibration.serving import ServingCalibration
     from llm_lb_gym.sim import roofline
 
-    return ServingCalibration({}, roofline.cpu_overhead(1), {})
+    return ServingCalibration({}, roofline.cpu_overhead(1), {}, engine_options={"kv_allocation": "request"})
 
 
 def main(argv=None) -> dict:
@@ -103,11 +131,18 @@ def main(argv=None) -> dict:
 
     if args.fit:
         print("fitting on the fitted part of the corpus:")
-        cal = fit(corpus, start=with_workers(ServingCalibration.shipped()))
+        start = with_workers(ServingCalibration.shipped())
+        if args.kv_allocation:
+            start = dataclasses.replace(start, engine_options={"kv_allocation": args.kv_allocation})
+        cal = fit(corpus, start=start)
     else:
         cal = with_workers(before_calibration() if args.before else ServingCalibration.shipped())
     if args.no_frontend:
         cal = dataclasses.replace(cal, frontends={})
+    if args.scale:
+        cal = apply_scales(cal, args.scale)
+    if args.kv_allocation:
+        cal = dataclasses.replace(cal, engine_options={**cal.engine_options, "kv_allocation": args.kv_allocation})
     cases = corpus.cases if args.split == "all" else corpus.split(args.split)
     results = evaluate(cases, corpus, cal)
     print(f"llm_lb_gym {__version__}; corpus sha256 {corpus_digest()[:16]}, {len(corpus.cases)} cases; "

@@ -63,14 +63,15 @@ def _assert_same(table, ok, ref):
 
 @settings(max_examples=int(__import__("os").environ.get("LLM_LB_GYM_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), scheduler=st.sampled_from(["fcfs", "least_work_left", "bin_packing"]),
-       chunked=st.booleans(), blocks=st.integers(12, 80), max_seqs=st.integers(1, 8),
+       chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80), max_seqs=st.integers(1, 8),
        budget=st.integers(8, 64), fast=st.booleans())
-def test_engine_matches_reference(seed, scheduler, chunked, blocks, max_seqs, budget, fast):
+def test_engine_matches_reference(seed, scheduler, chunked, chunk_alloc, blocks, max_seqs, budget, fast):
     # Small KV caches and batch limits so preemption, watermark and budget paths all occur.
     max_len = 120
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(budget, max_seqs) if chunked else max_len,
                        max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
+                       kv_allocation="chunk" if chunked and chunk_alloc else "request",
                        latency=LAT)
     arr, p, d, pred = _workload(seed, 25, rate=20.0, max_p=60, max_d=60)
     table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)
@@ -152,10 +153,10 @@ def _assert_same_client_times(table, ok, ref):
 
 @settings(max_examples=int(__import__("os").environ.get("LLM_LB_GYM_HYPOTHESIS_EXAMPLES", "30")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), chunked=st.booleans(), blocks=st.integers(12, 80),
+@given(seed=st.integers(0, 10_000), chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80),
        max_seqs=st.integers(1, 8), fast=st.booleans(), rate=st.sampled_from([5.0, 20.0, 200.0]),
        scheduler=st.sampled_from(["fcfs", "least_work_left"]), input_workers=st.sampled_from([0, 0, 1, 2]))
-def test_engine_with_frontend_matches_reference(seed, chunked, blocks, max_seqs, fast, rate, scheduler, input_workers):
+def test_engine_with_frontend_matches_reference(seed, chunked, chunk_alloc, blocks, max_seqs, fast, rate, scheduler, input_workers):
     """The frontend (sim/frontend.py) in front of the engine: the engine with its virtual-time
     processor sharing against the reference's literal one, from light load (the frontend only
     delays) to a burst that queues in it (rate 200/s: its input work alone is ~2-8 ms), with
@@ -168,6 +169,7 @@ def test_engine_with_frontend_matches_reference(seed, chunked, blocks, max_seqs,
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,
                        max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
+                       kv_allocation="chunk" if chunked and chunk_alloc else "request",
                        latency=LAT, frontend=fe)
     arr, p, d, pred = _workload(seed, 25, rate=rate, max_p=60, max_d=60)
     table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)

@@ -137,6 +137,40 @@ def test_chunked_prefill_splits_long_prompt_under_budget():
     assert stats.iterations == 6
 
 
+def test_chunk_allocation_prefills_the_next_prompt_while_kv_is_short():
+    # Chunked, budget 8, 5 blocks, SIMPLE latency (1 + N/8 + decodes/8, N = chunk tokens +
+    # decodes). A: p=8, d=6 at 0. B: p=12, d=2 at 0. kv_allocation=chunk: blocks per chunk.
+    # s=0      admit A, chunk 8 (2 blocks, free 3): 1 + 8/8 = 2 -> 2.0 (A o=1)
+    # s=2      A grows (9 tokens -> block 3, free 2); B's first chunk min(12, 7) = 7 needs 2
+    #          blocks: admitted (free 0). 1 + 8/8 + 1/8 = 2.125 -> 4.125 (A o=2, B done 7)
+    # s=4.125  B's next chunk 5 needs 1 block, none free, no prefill after it: waits. A decodes
+    #          alone: 1.25 -> 5.375 (o=3), the same to 6.625 (o=4) and 7.875 (o=5)
+    # s=7.875  A needs block 4, none free: it takes B's last block (B's computed tokens fall back
+    #          from 7 to 4); B's chunk min(8, 7) = 7 needs 2: waits. 1.25 -> 9.125 (A o=6 = d:
+    #          frees 4, free 4)
+    # s=9.125  B chunk 8 (2 blocks, free 2): 1 + 8/8 = 2 -> 11.125 (B o=1)
+    # s=11.125 B decodes (block 4): 1.25 -> 12.375 (o=2 = d)
+    # With kv_allocation=request B waits for all 3 of its blocks until A, decoding alone (1.25
+    # per step), finishes at 8.25: B's chunks of 8 and 4 end at 10.25 and 11.75, its decode at
+    # 13.0. Chunk allocation gets B's first token 0.625 earlier and A's end 0.875 later.
+    two = [req(0, 0.0, 8, 6), req(1, 0.0, 12, 2)]
+    cfg = engine(num_kv_blocks=5, chunked_prefill=True, max_num_batched_tokens=8, max_num_seqs=4,
+                 kv_allocation="chunk")
+    results, stats = simulate_reference(two, cfg)
+    assert_times(results, [(0.0, 2.0, 9.125, 0), (2.0, 11.125, 12.375, 0)])
+    assert (stats.iterations, stats.preemptions) == (8, 0)
+    results, stats = simulate_reference(two, engine(num_kv_blocks=5, chunked_prefill=True,
+                                                    max_num_batched_tokens=8, max_num_seqs=4))
+    assert_times(results, [(0.0, 2.0, 8.25, 0), (8.25, 11.75, 13.0, 0)])
+
+
+def test_chunk_allocation_needs_chunked_prefill():
+    with pytest.raises(ConfigError, match="kv_allocation=chunk needs engine.chunked_prefill"):
+        engine(kv_allocation="chunk")
+    with pytest.raises(ConfigError, match="engine.kv_allocation"):
+        engine(chunked_prefill=True, kv_allocation="block")
+
+
 # Head-of-line scenario: 8 blocks. A: p=12, d=3 at 0. Then at 1: B: p=24, d=2 (6 blocks);
 # C: p=3, d=2 (1 block). B cannot fit while A runs (A holds 3-4 blocks).
 HOL = [req(0, 0.0, 12, 3), req(1, 1.0, 24, 2), req(2, 1.0, 3, 2)]

@@ -52,6 +52,9 @@ class ServingCalibration:
     cpu_s: tuple[float, float] = (0.0, 0.0)
     frontends: dict[str, FrontendModel] = field(default_factory=dict)
     launch_scale: float = 1.0
+    engine_options: dict = field(default_factory=dict)
+    """``EngineConfig`` options over the engine generation's, in every case (not fitted: the
+    structure a run compares, e.g. ``kv_allocation=request`` for V0's block reservation)."""
 
     @classmethod
     def shipped(cls) -> "ServingCalibration":
@@ -93,6 +96,7 @@ def case_engine(case: Case, corpus: Corpus, cal: ServingCalibration) -> EngineCo
     opts.pop("latency_fit", None)
     opts.setdefault("max_model_len", arch.max_model_len)   # vLLM's default: the model's window
     opts.update(case.engine_options)
+    opts.update(cal.engine_options)
     path = model_config_path(corpus, case.model)
     fields_ = roofline.serving_fields(arch, gpu, case.tensor_parallel, cal.scale(case.gpu), cal.cpu_s, cal.launch_scale)
     engine = EngineConfig(model_config=path, gpu=case.gpu, tensor_parallel=case.tensor_parallel,
@@ -142,7 +146,7 @@ def headline_errors(result: CaseResult) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------
 # The fit
 
-GPU_PARAMS = ("linear_flops", "attention_flops", "bandwidth")
+GPU_PARAMS = ("linear_flops", "attention_flops", "bandwidth", "kv_bandwidth")
 FRONTEND_PARAMS = FRONTEND_COSTS
 COMPLETIONS_PARAMS = ("delay_s", "request_s")
 """What the completions endpoint's frontend fits on its own; its per-token costs (tokenization,
@@ -183,8 +187,9 @@ class FitSpace:
         k = 0
         scales = {}
         for g in self.gpus:
-            scales[g] = roofline.ServingScale(**dict(zip(GPU_PARAMS, (float(t) for t in v[k:k + 3]))))
-            k += 3
+            n = len(GPU_PARAMS)
+            scales[g] = roofline.ServingScale(**dict(zip(GPU_PARAMS, (float(t) for t in v[k:k + n]))))
+            k += n
         cpu = (float(v[k]), float(v[k + 1]))
         launch = float(v[k + 2])
         k += 3
@@ -196,7 +201,7 @@ class FitSpace:
             own = dict(zip(COMPLETIONS_PARAMS, (float(t) for t in v[k:k + len(COMPLETIONS_PARAMS)])))
             fes["completions"] = FrontendModel(**{**chat, **own},
                                                input_workers=self._start_fe("completions").input_workers)
-        return ServingCalibration(scales, cpu, fes, launch)
+        return ServingCalibration(scales, cpu, fes, launch, dict(self.start.engine_options))
 
 
 def residuals(results: Sequence[CaseResult]) -> np.ndarray:
@@ -217,7 +222,7 @@ def objective(results: Sequence[CaseResult]) -> float:
 PRIOR_WEIGHT = 0.1
 """Weight of log(scale) beside the log-ratios of the figures (0.1: a scale of 2 costs what a 7%
 error on one figure of one case does)."""
-LOG_BOUNDS = {"linear_flops": (0.3, 1.4), "attention_flops": (0.3, 4.5), "bandwidth": (0.5, 1.25),
+LOG_BOUNDS = {"linear_flops": (0.3, 1.4), "attention_flops": (0.3, 4.5), "bandwidth": (0.5, 1.25), "kv_bandwidth": (0.3, 1.2),
               "cpu_base_s": (1e-6, 5e-3), "cpu_seq_s": (1e-8, 3e-5), "launch_scale": (0.02, 1.5), "delay_s": (1e-5, 0.2),
               "request_s": (1e-6, 0.1), "prompt_token_s": (1e-9, 1e-4), "first_token_s": (1e-7, 0.05),
               "output_token_s": (1e-8, 5e-3)}

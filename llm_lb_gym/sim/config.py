@@ -23,6 +23,9 @@ from .frontend import FrontendModel, resolve_frontend
 from .gpus import GPUS, GPUDatasheet, resolve_gpu
 from .latency import HardwarePreset, LatencyModel, get_preset
 
+KV_ALLOCATIONS = ("request", "chunk")
+"""``EngineConfig.kv_allocation``: V0's whole-request reservation, V1's per-chunk allocation."""
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -47,6 +50,12 @@ class EngineConfig:
     """Context window; None = the preset model's."""
     chunked_prefill: bool = False
     """Mix decodes and prefill chunks in one iteration under a token budget (vLLM v1, Sarathi)."""
+    kv_allocation: str = "request"
+    """When a prefill's KV blocks are allocated (docs/simulator_semantics.md): ``request`` = all of
+    ``p + o`` at admission (vLLM V0's block manager; the default, as before the option) or
+    ``chunk`` = each chunk's blocks as it is computed (vLLM V1's ``allocate_slots``; chunked
+    prefill only). Under KV pressure ``chunk`` lets the next prompts prefill while the
+    running requests decode, where ``request`` waits for room for the whole prompt."""
     scheduler: str = "fcfs"
     """Order of admission from the waiting queue: fcfs, least_work_left, bin_packing
     (``sim/batching.py`` defines each)."""
@@ -106,6 +115,10 @@ class EngineConfig:
             check_int("engine.max_model_len", self.max_model_len, 2, MAX_CONTEXT_TOKENS)
         check_choice("engine.scheduler", self.scheduler, SCHEDULERS)
         check_bool("engine.chunked_prefill", self.chunked_prefill)
+        check_choice("engine.kv_allocation", self.kv_allocation, KV_ALLOCATIONS)
+        if self.kv_allocation == "chunk" and not self.chunked_prefill:
+            raise ConfigError("engine.kv_allocation=chunk needs engine.chunked_prefill=true (blocks are "
+                              "allocated per prefill chunk); allowed without chunking: request")
         check_bool("engine.cpu_overhead", self.cpu_overhead)
         check_bool("engine.enable_prefix_caching", self.enable_prefix_caching)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:

@@ -24,7 +24,7 @@ cdef class Engine:
     cdef public Scheduler sched
     cdef public ProgressSums progress
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
-    cdef public bint fast, check, chunked, _blocked, _plan_dirty, count_mode
+    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode
     cdef public object table, latency
     cdef public dict running
     cdef public list prefilling, fin_heap, phase_cnt
@@ -63,6 +63,10 @@ cdef class Engine:
     cpdef _prefill_iteration(self, list admitted)
     @cython.locals(kv=KVCache, ph=long, bs=long)
     cpdef _grow_blocks(self)
+    @cython.locals(kv=KVCache, bs=long, j=long, r=long, done=long, held=long)
+    cpdef bint _steal_block(self, long first)
+    @cython.locals(kv=KVCache)
+    cpdef bint _chunk_blocks(self, long i, long k)
     @cython.locals(G=long, now=double, seq=long, rid=long, o=long)
     cpdef _end_decode(self)
     @cython.locals(full=long, rem=long, d=long, bs=long, i=long)

@@ -64,6 +64,7 @@ class Engine:
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.kv = KVCache(index, cfg, table)   # KV blocks and the prefix cache
         self.chunked = cfg.chunked_prefill
+        self.chunk_alloc = cfg.kv_allocation == "chunk"   # blocks per prefill chunk (vLLM V1)
         self.sched = Scheduler(cfg, table, self.kv)   # the waiting queue and admission
         # Clock and KV state.
         self.t = 0.0            # the next iteration starts no earlier than this (end of the last)
@@ -530,6 +531,8 @@ class Engine:
             if r not in self.running or (tb.g_base[r] + 1 - tb.prompt[r] - tb.o_base[r]) % bs != ph:
                 continue
             while kv.used >= kv.total_blocks:
+                if self.chunk_alloc and self._steal_block(0):
+                    continue
                 victim = next(reversed(self.running))
                 self._preempt(victim)
                 if victim == r:
@@ -537,6 +540,37 @@ class Engine:
             if r in self.running:
                 kv.add_block()
         kv.note_peak()
+
+    def _steal_block(self, first: int) -> bool:
+        """``kv_allocation=chunk``: take the last block of the most recently admitted prefilling
+        request at index ``first`` or later of ``prefilling`` that holds one beyond its cached
+        prefix; its computed tokens fall back to the block boundary (they will be computed
+        again). vLLM V1 preempts that request, but its computed blocks stay in the prefix cache
+        (its default) and its readmission finds all but the ones taken. False: none to take."""
+        tb, kv, bs = self.table, self.kv, self.kv.bs
+        pf = self.prefilling
+        for j in range(len(pf) - 1, first - 1, -1):
+            r = pf[j]
+            done = tb.prefill_done[r]
+            held = -(-done // bs)
+            if held > (kv.hb * tb.kv_refs[r] if kv.pc else 0):
+                tb.prefill_done[r] = (held - 1) * bs
+                self.pending_prefill_tokens += done - (held - 1) * bs
+                kv.used -= 1
+                return True
+        return False
+
+    def _chunk_blocks(self, i: int, k: int) -> bool:
+        """``kv_allocation=chunk``: give ``prefilling[i]`` the ``k`` blocks its next chunk needs,
+        taking them from prefilling requests admitted after it when none are free; False (and
+        nothing taken) if it cannot have them all: vLLM allocates a chunk's slots all or none."""
+        kv = self.kv
+        self._sync_used()
+        while kv.total_blocks - kv.used < k:
+            if not self._steal_block(i + 1):
+                return False
+        kv.grow(k)
+        return True
 
     def _end_decode(self) -> None:
         """Finish the requests whose last token came from the iterations just run."""
@@ -556,12 +590,21 @@ class Engine:
         budget = self.sched.budget - self.B
         toks = pairs = nchunks = 0
         completed: list[int] = []
-        for r in self.prefilling:
+        stalled = False
+        bs = self.kv.bs
+        for i in range(len(self.prefilling)):
             if budget <= 0:
                 break
-            nchunks += 1
+            r = self.prefilling[i]
             L, done = tb.prompt[r] + tb.o_base[r], tb.prefill_done[r]
             c = min(L - done, budget)
+            if self.chunk_alloc:
+                k = -(-(done + c) // bs) - -(-done // bs)
+                if k and not self._chunk_blocks(i, k):
+                    # vLLM V1 preempts it (or one admitted later), and admits nothing this step
+                    stalled = True
+                    break
+            nchunks += 1
             toks += c
             pairs += c * done + c * (c + 1) // 2   # causal pairs of a chunk after ``done`` cached
             tb.prefill_done[r] = done + c
@@ -569,7 +612,8 @@ class Engine:
             budget -= c
             if done + c == L:
                 completed.append(r)
-        new = self._select(budget) if budget > 0 and (self.sched.preempted_q or self.sched.waiting_q) else []
+        new = (self._select(budget) if budget > 0 and not stalled and (self.sched.preempted_q or self.sched.waiting_q)
+               else [])
         if not new and not self.prefilling and (self.sched.preempted_q or self.sched.waiting_q):
             # Nothing can be admitted until a completion or preemption frees room. (While
             # prefills are in flight their chunks take budget, so admission is retried.)
@@ -589,6 +633,8 @@ class Engine:
             if q + c == L:
                 completed.append(r)
         if not self.B and not toks:
+            assert not stalled, (f"instance {self.index}: every prefill waits for KV blocks that only "
+                                 "another prefill's cached prefix holds")
             return False
         B = self.B
         dur = self.timing.batch_s(toks + B, pairs, nchunks + B)
@@ -709,8 +755,8 @@ class Engine:
             assert 1 <= o < tb.decode[r], (r, o)
             held += -(-(tb.prompt[r] + o - 1) // bs)
             S += tb.prompt[r] + o
-        for r in self.prefilling:
-            held += -(-(tb.prompt[r] + tb.o_base[r]) // bs)
+        for r in self.prefilling:   # reserved for the whole prefill, or (chunk) what is computed
+            held += -(-(tb.prefill_done[r] if self.chunk_alloc else tb.prompt[r] + tb.o_base[r]) // bs)
         if kv.pc:   # minus the blocks that sharing saves
             held += kv.check(chain(self.running, self.prefilling),
                              chain(self.sched.preempted_q, self.sched.waiting_q))

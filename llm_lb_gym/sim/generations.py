@@ -12,7 +12,9 @@ Sources: vLLM's ``EngineArgs`` defaults (``vllm/engine/arg_utils.py``): V1 (the 
 from 0.8.0; the rule below unchanged through 0.27): for the OpenAI API server a token budget of
 8,192 and 1,024 sequences on GPUs with >= 70 GiB that are not A100s, else 2,048 and 256 (the
 A100 exception: vllm-project/vllm#17885); chunked prefill and prefix caching on; async
-scheduling an option (``--async-scheduling``) until it became the default. V0 (0.6-0.7): no
+scheduling an option (``--async-scheduling``) until it became the default; KV blocks allocated
+per scheduled chunk (``KVCacheManager.allocate_slots``), where V0's block manager reserved a
+prompt's blocks when it was admitted. V0 (0.6-0.7): no
 chunked prefill below 32k context (token budget max(context, 2,048)), 256 sequences, prefix
 caching off, the API server in the engine's process. docs/calibration.md.
 """
@@ -35,6 +37,8 @@ class EngineGeneration:
     name: str
     versions: str
     chunked_prefill: bool
+    kv_allocation: str
+    """``EngineConfig.kv_allocation``: V1 allocates a prefill's KV blocks chunk by chunk."""
     enable_prefix_caching: bool
     big_gpu_budget_tokens: int | None
     """Token budget on GPUs of >= 70 GiB that are not A100s (None: max(context, 2,048))."""
@@ -52,7 +56,8 @@ class EngineGeneration:
 
     def options(self, gpu: GPUDatasheet) -> dict:
         big = self.big(gpu)
-        out = {"chunked_prefill": self.chunked_prefill, "enable_prefix_caching": self.enable_prefix_caching,
+        out = {"chunked_prefill": self.chunked_prefill, "kv_allocation": self.kv_allocation,
+               "enable_prefix_caching": self.enable_prefix_caching,
                "max_num_seqs": self.big_gpu_max_seqs if big else self.small_gpu_max_seqs,
                "latency_fit": self.latency_fit}
         budget = self.big_gpu_budget_tokens if big else self.small_gpu_budget_tokens
@@ -65,10 +70,11 @@ class EngineGeneration:
 
 GENERATIONS: dict[str, EngineGeneration] = {g.name: g for g in (
     EngineGeneration("vllm-v1", "vLLM 0.8.0 and later (V1 engine, OpenAI API server)", chunked_prefill=True,
-                     enable_prefix_caching=True, big_gpu_budget_tokens=8192, big_gpu_max_seqs=1024,
+                     kv_allocation="chunk", enable_prefix_caching=True, big_gpu_budget_tokens=8192, big_gpu_max_seqs=1024,
                      small_gpu_budget_tokens=2048, small_gpu_max_seqs=256, frontend="vllm-v1-api",
                      latency_fit="serving"),
-    EngineGeneration("vllm-v0", "vLLM 0.6.x-0.7.x (V0 engine)", chunked_prefill=False, enable_prefix_caching=False,
+    EngineGeneration("vllm-v0", "vLLM 0.6.x-0.7.x (V0 engine)", chunked_prefill=False, kv_allocation="request",
+                     enable_prefix_caching=False,
                      big_gpu_budget_tokens=None, big_gpu_max_seqs=256, small_gpu_budget_tokens=None,
                      small_gpu_max_seqs=256, frontend=None, latency_fit="kernels"),
 )}

@@ -16,7 +16,13 @@ can be held to the same ones):
   of the non-chunked mode is replaced by "budget left > 0", the chunk being min(p + o, budget left).
 - ``bin_packing`` skips any request that does not fit, preempted ones included.
 - A prefilling request holds blocks for its whole ``p + o`` from admission, although its KV is
-  written chunk by chunk; the block check counts what is held.
+  written chunk by chunk; the block check counts what is held. With ``kv_allocation=chunk``
+  (vLLM V1) it holds blocks for the tokens computed so far: admission allocates the first
+  chunk's, each later chunk its own (all or none: a chunk that cannot have its blocks, after
+  taking those of prefills admitted later, waits, and nothing is admitted in that iteration),
+  and a decode short of a block takes the last block of the most recently admitted prefill
+  holding one beyond its cached prefix (that prefill's computed tokens fall back to the block
+  boundary) before it preempts a running request.
 
 Prefix caching (``enable_prefix_caching``, docs/prefix_caching.md) is kept literal too: a dict
 of cached hash blocks with reference counts and a plain list as the LRU order of the evictable
@@ -124,6 +130,7 @@ class _Instance:
         self.bs = cfg.block_size
         self.total = cfg.total_blocks
         self.wm = cfg.watermark_blocks
+        self.chunk_alloc = cfg.kv_allocation == "chunk"
         self.lat = cfg.latency_model
         self.policy = get_policy(cfg.scheduler)
         self.used = 0
@@ -208,7 +215,15 @@ class _Instance:
             fresh = sorted(fresh, key=lambda s: key(s.p, s.o, s.req.pred_decode_tokens))
         return list(self.preempted) + fresh
 
-    def admit(self, seq: _Seq, now: float) -> None:
+    def first_blocks(self, seq: _Seq, n: int, budget_left: int | None) -> int:
+        """Blocks an admission allocates beside its ``n`` cached hash blocks: the whole
+        ``p + o``, or (chunk allocation) the first chunk's."""
+        L = seq.p + seq.o
+        if self.chunk_alloc and budget_left is not None:
+            L = min(L, n * self.H + budget_left)
+        return math.ceil(L / self.bs) - self.hb * n
+
+    def admit(self, seq: _Seq, now: float, budget_left: int | None = None) -> None:
         if seq in self.preempted:
             self.preempted.remove(seq)
         else:
@@ -216,7 +231,7 @@ class _Instance:
         n = self.hit_blocks(seq)
         if self.H:
             self.take_cached(seq, n)
-        self.allocate(seq, math.ceil((seq.p + seq.o) / self.bs) - self.hb * n)
+        self.allocate(seq, self.first_blocks(seq, n, budget_left))
         self.admissions += 1
         seq.admitted_at = self.admissions
         seq.prefill_len = seq.p + seq.o
@@ -225,11 +240,12 @@ class _Instance:
         if seq.first_scheduled_s is None:
             seq.first_scheduled_s = now
 
-    def fits(self, seq: _Seq, seqs_so_far: int, blocks_so_far: int) -> bool:
+    def fits(self, seq: _Seq, seqs_so_far: int, blocks_so_far: int, budget_left: int | None = None) -> bool:
         """Sequence limit and watermark; the token check differs per mode and is done by callers."""
-        need = math.ceil((seq.p + seq.o) / self.bs)
+        n = self.hit_blocks(seq) if self.H else 0
+        need = self.first_blocks(seq, n, budget_left) + self.hb * n
         if self.H:  # cached blocks need no new block, but evictable ones leave the free pool
-            hits = seq.hashes[:self.hit_blocks(seq)] if seq.hashes else []
+            hits = seq.hashes[:n] if seq.hashes else []
             need -= self.hb * sum(1 for h in hits if self.cache[h] > 0)
         return (seqs_so_far < self.cfg.max_num_seqs
                 and self.free_blocks() - blocks_so_far - need >= self.wm)
@@ -266,6 +282,18 @@ class _Instance:
         self.preemption_count += 1
         self.preempted.append(victim)
 
+    def steal_block(self, after: int) -> bool:
+        """Chunk allocation: the most recently admitted prefilling request admitted after
+        ``after`` that holds a block of its own gives up its last one; False if none does."""
+        owners = [s for s in self.prefilling if s.admitted_at > after and s.blocks > 0]
+        if not owners:
+            return False
+        seq = max(owners, key=lambda s: s.admitted_at)
+        seq.blocks -= 1
+        self.used -= 1
+        seq.prefill_done = (math.ceil(seq.prefill_done / self.bs) - 1) * self.bs
+        return True
+
     def grow_decodes(self) -> list[_Seq]:
         """Give every running request the block its next token needs; return those served."""
         served: list[_Seq] = []
@@ -278,6 +306,8 @@ class _Instance:
                 if self.free_blocks() >= 1:
                     self.allocate(seq, 1)
                     need = 0
+                elif self.chunk_alloc and self.steal_block(0):
+                    continue
                 else:
                     victim = max(self.running, key=lambda s: s.admitted_at)
                     assert victim not in served
@@ -345,16 +375,25 @@ class _Instance:
         budget_left = self.cfg.token_budget - len(decodes)
         assert budget_left >= 0
         chunks: list[tuple[_Seq, int, int]] = []  # (request, chunk tokens, tokens done before)
+        stalled = False
         for seq in sorted(self.prefilling, key=lambda s: s.admitted_at):
             chunk = min(seq.prefill_len - seq.prefill_done, budget_left)
             if chunk > 0:
+                if self.chunk_alloc:   # this chunk's blocks, all or none
+                    need = math.ceil((seq.prefill_done + chunk) / self.bs) - math.ceil(seq.prefill_done / self.bs)
+                    while self.free_blocks() < need and self.steal_block(seq.admitted_at):
+                        pass
+                    if self.free_blocks() < need:
+                        stalled = True
+                        break
+                    self.allocate(seq, need)
                 chunks.append((seq, chunk, seq.prefill_done))
                 budget_left -= chunk
-        for seq in self.scheduler_order():
+        for seq in ([] if stalled else self.scheduler_order()):
             if budget_left == 0:
                 break
-            if self.fits(seq, len(self.running) + len(self.prefilling), 0):
-                self.admit(seq, now)
+            if self.fits(seq, len(self.running) + len(self.prefilling), 0, budget_left):
+                self.admit(seq, now, budget_left)
                 self.prefilling.append(seq)
                 chunk = min(seq.prefill_len - seq.prefill_done, budget_left)
                 chunks.append((seq, chunk, seq.prefill_done))
@@ -383,8 +422,8 @@ class _Instance:
     def expected_blocks(self, seq: _Seq) -> int:
         """Blocks a request must hold privately (beyond the cached ones it references)."""
         shared = self.hb * len(seq.refs)
-        if seq.state == "prefilling":
-            return math.ceil(seq.prefill_len / self.bs) - shared  # reserved for the whole prefill
+        if seq.state == "prefilling":   # reserved for the whole prefill, or what is computed
+            return math.ceil((seq.prefill_done if self.chunk_alloc else seq.prefill_len) / self.bs) - shared
         if seq.state == "running":
             return math.ceil((seq.p + seq.o - 1) / self.bs) - shared  # newest token: no KV yet
         return 0

@@ -221,7 +221,12 @@ class ServingScale:
     """Multiplies ``attention_flops`` (prefill attention; fitted on 32k-token prompts, where it
     dominates: the long-context term)."""
     bandwidth: float = 1.0
-    """Multiplies the weight, element-wise and KV-read bandwidth fractions (decode)."""
+    """Multiplies the weight and element-wise bandwidth fractions (the decode step's floor)."""
+    kv_bandwidth: float = 1.0
+    """Multiplies the KV-read bandwidth fraction of decode attention. Apart from ``bandwidth``
+    because the two reads are different kernels (paged attention gathering blocks vs dense
+    GEMV weight streams) and the runs separate them: a KV-starved 32B model's decode steps are
+    weight reads, a 14B model's with 64 long prompts in flight are mostly KV reads."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -252,7 +257,7 @@ def serving_efficiency(scale: ServingScale, launch_scale: float | None = None) -
         weight_bandwidth=min(1.0, c.weight_bandwidth * scale.bandwidth), linear_flops=min(1.0, c.linear_flops * scale.linear_flops),
         gemm_launch_s=c.gemm_launch_s * ls, elementwise_bandwidth=min(1.0, c.elementwise_bandwidth * scale.bandwidth),
         elementwise_launch_s=c.elementwise_launch_s * ls, attention_flops=min(1.0, c.attention_flops * scale.attention_flops),
-        kv_bandwidth=min(1.0, c.kv_bandwidth * scale.bandwidth), decode_seq_kv_tokens=c.decode_seq_kv_tokens,
+        kv_bandwidth=min(1.0, c.kv_bandwidth * scale.kv_bandwidth), decode_seq_kv_tokens=c.decode_seq_kv_tokens,
         attention_launch_s=c.attention_launch_s * ls)
 
 
@@ -270,8 +275,8 @@ def serving_fields(arch: ModelArchitecture, gpu: GPUDatasheet, tp: int = 1, scal
 # on an H100 at concurrency 1-8, and vLLM 0.19 serving Qwen3-0.6B on an H100 (kvcached's runs);
 # docs/calibration.md has the errors, fitted and held out.
 SERVING_SCALES.update({
-    "a100-80gb": ServingScale(linear_flops=1.028, attention_flops=2.451, bandwidth=0.5000),
-    "h100-80gb": ServingScale(linear_flops=0.4931, attention_flops=1.887, bandwidth=1.084),
+    "a100-80gb": ServingScale(linear_flops=0.9929, attention_flops=2.458, bandwidth=0.8602, kv_bandwidth=0.4770),
+    "h100-80gb": ServingScale(linear_flops=0.4993, attention_flops=1.914, bandwidth=1.093, kv_bandwidth=0.9854),
 })
-SERVING_CPU_S = (7.197e-4, 1.708e-5)
-SERVING_LAUNCH_SCALE = 0.7513
+SERVING_CPU_S = (6.624e-4, 1.498e-5)
+SERVING_LAUNCH_SCALE = 0.7999

@@ -5,7 +5,7 @@ from .kv_cache cimport KVCache
 cdef class Scheduler:
     cdef public object table, name, _sort_key
     cdef public KVCache kv
-    cdef public bint _skip_unfit
+    cdef public bint _skip_unfit, chunk_alloc
     cdef public long max_seqs, budget
     cdef public list preempted_q, waiting_q
 

@@ -36,6 +36,7 @@ class Scheduler:
         self._skip_unfit = policy.skip_unfit
         self.max_seqs = cfg.max_num_seqs
         self.budget = cfg.token_budget
+        self.chunk_alloc = cfg.kv_allocation == "chunk"   # blocks for the first chunk only
         # Request ids. Preempted requests go first, in preemption order.
         self.preempted_q: list[int] = []
         self.waiting_q: list[int] = []
@@ -59,6 +60,7 @@ class Scheduler:
 
         Without ``budget`` (no chunking) each request needs its whole ``p + o`` tokens within
         the token budget; with it (chunked prefill) admissions stop when the budget is spent.
+        Blocks: for all ``p + o`` tokens, or with ``kv_allocation=chunk`` for its first chunk.
         """
         kv = self.kv
         if kv.pc:
@@ -72,7 +74,7 @@ class Scheduler:
             if nseq >= self.max_seqs or (budget is not None and budget <= 0):
                 break
             L = tb.prompt[r] + tb.o_base[r]
-            need = -(-L // bs)
+            need = -(-(min(L, budget) if self.chunk_alloc else L) // bs)
             if (budget is not None or tokens + L <= self.budget) and free - need >= kv.watermark:
                 out.append(r)
                 nseq += 1
@@ -105,7 +107,7 @@ class Scheduler:
             L = tb.prompt[r] + tb.o_base[r]
             n = kv.hit_units(r, L)
             reuse = kv.evictable_hits(r, n) if n else 0
-            need = -(-L // bs) - hb * n
+            need = -(-(min(L, n * H + budget) if self.chunk_alloc else L) // bs) - hb * n
             c = L - n * H
             if ((budget is not None or tokens + c <= self.budget)
                     and kv.total_blocks - kv.used - need - hb * reuse >= kv.watermark):
