@@ -6,6 +6,7 @@
     llm-lb-gym validate --split held_out --json out.json
     llm-lb-gym validate --no-frontend    # the serving fit's engine alone: what the API server's stage adds
     llm-lb-gym validate --fit --input-workers 1   # refit with one request's input work at a time
+    llm-lb-gym validate --fit --fit-itl  # the fit matching the published median ITLs too
     llm-lb-gym validate --kv-allocation request   # V0's whole-prompt KV reservation instead of V1's per chunk
     llm-lb-gym validate --scale h100-80gb.bandwidth=0.64 --scale h100-80gb.kv_bandwidth=0.64   # a diagnostic
 
@@ -39,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--before", action="store_true",
                     help="the kernel-profile presets, no frontend (the simulator before issue 33)")
     ap.add_argument("--fit", action="store_true", help="refit the serving factors on the fitted part first")
+    ap.add_argument("--fit-itl", action="store_true",
+                    help="with --fit: match each case's published median ITL too (the decode step alone), "
+                         "not only duration, mean TTFT and median TPOT")
     ap.add_argument("--no-frontend", action="store_true",
                     help="drop the API server's frontend stage (sim/frontend.py): the engine's own figures, "
                          "to see what the frontend adds to each case")
@@ -129,12 +133,14 @@ def main(argv=None) -> dict:
                for ep, fe in cal.frontends.items()}
         return dataclasses.replace(cal, frontends=fes)
 
+    if args.fit_itl and not args.fit:
+        raise SystemExit("llm-lb-gym validate: --fit-itl changes the fit's objective; it needs --fit")
     if args.fit:
         print("fitting on the fitted part of the corpus:")
         start = with_workers(ServingCalibration.shipped())
         if args.kv_allocation:
             start = dataclasses.replace(start, engine_options={"kv_allocation": args.kv_allocation})
-        cal = fit(corpus, start=start)
+        cal = fit(corpus, start=start, itl=args.fit_itl)
     else:
         cal = with_workers(before_calibration() if args.before else ServingCalibration.shipped())
     if args.no_frontend:

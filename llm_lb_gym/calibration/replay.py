@@ -8,9 +8,10 @@ simulated instance, and the figures are computed as the client computes them: du
 last response's end - the benchmark's start (the first send; at a rate, the first gap comes
 before it); TTFT = first token seen - send; TPOT = (end - first token) / (output tokens - 1)
 per request; E2E = end - send; with a frontend (``sim/frontend.py``) the
-times are those the client sees. Median ITL is compared with the simulated median TPOT (the
-simulator has no per-token timestamps; within a request its decode steps are equal between
-events, so the two medians differ only by the gaps that prefills insert).
+times are those the client sees. ITL (the gaps between a request's streamed tokens, over every
+token of every request) comes from the engine's decode iterations (``Engine.record_token_gaps``):
+each running request's token follows its previous one by the iteration's duration (plus any
+prefill-only iteration between them), the engine-side gap, without the frontend's output work.
 
 Closed loop: after each instance iteration (or frontend event), responses that ended by then
 release the next sends at that instant, so a send lags the response end it waits for by at most
@@ -27,7 +28,7 @@ import numpy as np
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig, EngineConfig
 from ..sim.request import RequestTable, Status
-from ..sim.simulate import simulate
+from ..sim.clock import run_on_arrival
 from .corpus import Case
 
 
@@ -40,7 +41,30 @@ class Replay:
     rejected: int
 
 
-def _figures(table: RequestTable, start_s: float | None = None) -> dict[str, float]:
+def token_gaps(gap_log) -> tuple[np.ndarray, np.ndarray]:
+    """(gaps in s, tokens per gap), sorted by gap, from an engine's ``gap_log``: a run
+    (a, c, j0, j1, n) is n tokens after a gap of a + c j for each j in j0 .. j1 - 1."""
+    gaps, counts = [], []
+    for a, c, j0, j1, n in gap_log or ():
+        gaps.append(a + c * np.arange(j0, j1, dtype=float))
+        counts.append(np.full(j1 - j0, n, dtype=np.int64))
+    if not gaps:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    g, w = np.concatenate(gaps), np.concatenate(counts)
+    order = np.argsort(g, kind="stable")
+    return g[order], w[order]
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The ``q`` quantile (0-1) of ``values`` (sorted) each repeated ``weights`` times: the
+    smallest value with at least that share of the weight at or below it."""
+    if not len(values):
+        return math.nan
+    cum = np.cumsum(weights)
+    return float(values[min(int(np.searchsorted(cum, q * cum[-1], side="left")), len(values) - 1)])
+
+
+def _figures(table: RequestTable, start_s: float | None = None, gap_log=None) -> dict[str, float]:
     st = np.fromiter(table.status, np.int64, table.n)
     fin = st == Status.FINISHED
     arr = np.asarray(table.arrival_s)[fin]
@@ -56,10 +80,11 @@ def _figures(table: RequestTable, start_s: float | None = None) -> dict[str, flo
     tpot = (end[multi] - first[multi]) / (dec[multi] - 1)
     ttft, e2e = first - arr, end - arr
     start = float(arr.min()) if start_s is None else start_s
+    gaps, w = token_gaps(gap_log)
     return {"duration_s": float(end.max() - start), "mean_ttft_ms": 1e3 * float(ttft.mean()),
             "median_ttft_ms": 1e3 * float(np.median(ttft)),
             "median_tpot_ms": 1e3 * float(np.median(tpot)) if len(tpot) else math.nan,
-            "median_itl_ms": 1e3 * float(np.median(tpot)) if len(tpot) else math.nan,
+            "median_itl_ms": 1e3 * weighted_quantile(gaps, w, 0.5),
             "median_e2e_ms": 1e3 * float(np.median(e2e))}
 
 
@@ -70,14 +95,14 @@ def replay(case: Case, engine: EngineConfig) -> Replay:
     p, d = lengths(w)
     if w.kind == "poisson":   # one run per seed, the figures averaged (as the corpus's are)
         runs = [_open_loop(poisson_arrivals(n, float(w.rate_rps), seed), p, d, engine) for seed in w.seeds]
-        figs = [_figures(t, start_s=0.0) for t, _ in runs]
+        figs = [_figures(t, start_s=0.0, gap_log=c.engines[0].gap_log) for t, c in runs]
         return Replay({k: float(np.mean([f[k] for f in figs])) for k in figs[0]},
                       sum(sum(t.preemptions) for t, _ in runs), sum(c.n_rejected for _, c in runs))
     if w.kind == "batch":
         table, cluster = _open_loop(np.zeros(n), p, d, engine)
     else:
         table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine)
-    return Replay(_figures(table), sum(table.preemptions), cluster.n_rejected)
+    return Replay(_figures(table, gap_log=cluster.engines[0].gap_log), sum(table.preemptions), cluster.n_rejected)
 
 
 def poisson_arrivals(n: int, rate_rps: float, seed: int) -> np.ndarray:
@@ -94,7 +119,17 @@ def poisson_arrivals(n: int, rate_rps: float, seed: int) -> np.ndarray:
 def _open_loop(arrival_s, p, d, engine: EngineConfig):
     """Requests sent at fixed times (all at once, or at a rate), on one instance."""
     table = RequestTable(np.asarray(arrival_s, dtype=float), p, d, d)
-    cluster = simulate(_Batch(table), ClusterConfig(num_instances=1, engine=engine), table=table)
+    cluster = Cluster(ClusterConfig(num_instances=1, engine=engine), table)
+    cluster.engines[0].record_token_gaps()
+
+    def route_all(c: Cluster) -> None:
+        while c.queue:
+            c.route(0)
+
+    run_on_arrival(cluster, route_all)
+    assert cluster.done, "replay ended with requests neither finished nor rejected"
+    for fe in table.frontends:   # the client-side times of the last responses (sim/frontend.py)
+        fe.flush()
     return table, cluster
 
 
@@ -109,18 +144,6 @@ def lengths(w) -> tuple[np.ndarray, np.ndarray]:
         x = rng.lognormal(0.0, w.length_spread, n)
         out.append(np.maximum(1, np.round(mean * x / x.mean())).astype(np.int64))
     return out[0], out[1]
-
-
-class _Batch:
-    """The columns ``simulate`` reads, for a table built here."""
-
-    def __init__(self, table: RequestTable):
-        self.arrival_s = np.asarray(table.arrival_s)
-        self.prompt_tokens = np.asarray(table.prompt)
-        self.decode_tokens = np.asarray(table.decode)
-        self.task_id = np.zeros(table.n, np.int64)
-        self.prefix_hashes = None
-        self.hash_block_tokens = 0
 
 
 def _ended(table: RequestTable, rid: int, T: float) -> bool:
@@ -140,6 +163,7 @@ def _closed_loop(n: int, c: int, p, d, engine: EngineConfig):
     table = RequestTable(arrival, p, d, d)
     cluster = Cluster(ClusterConfig(num_instances=1, engine=engine), table)
     eng = cluster.engines[0]
+    eng.record_token_gaps()
     fe = eng.fe
     sent = min(c, n)
     inflight = list(range(sent))

@@ -18,7 +18,9 @@ cdef class Engine:
     cdef public long _st_G0
     cdef public double t, _g_fin_end, _g_ex, committed_tokens, fe_next
     cdef public long fe_count
-    cdef public object fe
+    cdef public object fe, gap_log
+    cdef public double _gap_stall
+    cdef public long _gap_stall_n
     cdef public IterationTiming timing
     cdef public KVCache kv
     cdef public Scheduler sched
@@ -38,6 +40,8 @@ cdef class Engine:
     cpdef advance_to(self, double T)
     cpdef bint in_decode_stretch(self)
     cpdef jump_in_stretch(self, long G, double t)
+    cpdef record_token_gaps(self)
+    cpdef _log_gaps(self, double a, double c, long j0, long j1, long n)
     cpdef double penalty(self)
     cpdef double decode_iteration_s(self)
     @cython.locals(pg=ProgressSums)

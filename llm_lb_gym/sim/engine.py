@@ -103,6 +103,11 @@ class Engine:
         self.fe = Frontend(cfg.frontend_model, table) if cfg.frontend_model is not None else None
         self.fe_count = 0       # requests in the frontend's input stage
         self.fe_next = INF      # no input completes before this (INF: none in the frontend)
+        # Token gaps (opt-in, ``record_token_gaps``): runs of decode iterations as (a, c, j0, j1,
+        # n) = n running requests each got a token after a gap of a + c j, j = j0 .. j1 - 1.
+        self.gap_log = None
+        self._gap_stall = 0.0   # prefill-only iterations since the last decode (no chunking)
+        self._gap_stall_n = 0   # the running requests they stalled
 
     # ------------------------------------------------------------------ public API
     @property
@@ -238,6 +243,8 @@ class Engine:
                 while t < T:
                     k += 1
                     t = t0 + k * a + c * k * (k - 1) / 2
+            if self.gap_log is not None:
+                self._log_gaps(a, c, self.G - G0, k, self.B)
             self.n_iterations += G0 + k - self.G
             self.G = G0 + k
             self.t = t
@@ -281,9 +288,34 @@ class Engine:
     def jump_in_stretch(self, G: int, t: float) -> None:
         """Move the clock to decode iteration ``G`` of the planned stretch, starting at ``t``
         (``t = _st_t0 + k a + c k (k - 1) / 2`` with ``k = G - _st_G0``; ``penalty.py``)."""
+        if self.gap_log is not None:
+            self._log_gaps(self._st_a, self._st_c, self.G - self._st_G0, G - self._st_G0, self.B)
         self.n_iterations += G - self.G
         self.G = G
         self.t = t
+
+    def record_token_gaps(self) -> None:
+        """Keep every decode iteration's duration and token count from now on (``gap_log``;
+        ``calibration/replay.token_gaps`` expands it):
+        the inter-token latencies a streaming client measures (``vllm bench serve``'s ITL),
+        which the per-request mean TBT hides. Off by default: the env's step path stays lean."""
+        self.gap_log = []
+
+    def _log_gaps(self, a: float, c: float, j0: int, j1: int, n: int) -> None:
+        if j1 <= j0 or n <= 0:
+            return
+        if self._gap_stall > 0.0:   # the first decode after prefill-only iterations (no chunking)
+            m = min(self._gap_stall_n, n)
+            if m:
+                self.gap_log.append((a + c * j0 + self._gap_stall, 0.0, 0, 1, m))
+            if n > m:
+                self.gap_log.append((a + c * j0, 0.0, 0, 1, n - m))
+            self._gap_stall = 0.0
+            self._gap_stall_n = 0
+            j0 += 1
+            if j1 <= j0:
+                return
+        self.gap_log.append((a, c, j0, j1, n))
 
     # ---------------------------------------------------------------- estimates
     def penalty(self) -> float:
@@ -509,6 +541,9 @@ class Engine:
                 pairs += L * (L + 1) // 2   # causal: a whole prompt, nothing cached
             self._start(r, s)
         end = s + self.timing.batch_s(toks, pairs, len(admitted))
+        if self.gap_log is not None and self.B:   # the running requests wait through it
+            self._gap_stall += end - s
+            self._gap_stall_n = max(self._gap_stall_n, self.B)
         self.t = end
         self._plan_dirty = True   # the clock moved under any decode stretch
         self.n_iterations += 1
@@ -644,6 +679,8 @@ class Engine:
         self.n_iterations += 1
         self._plan_dirty = True
         if self.B:
+            if self.gap_log is not None:
+                self._log_gaps(dur, 0.0, 0, 1, self.B)
             self.G += 1
             self._used_G = self.G   # this iteration's blocks were allocated explicitly
             self._end_decode()
@@ -716,7 +753,10 @@ class Engine:
             self._grow_blocks()
             if self.B:
                 G = self.G
-                self.t += self.timing.decode_s(self.B, self.S_at + self.B * (G - self.G_S))
+                dur = self.timing.decode_s(self.B, self.S_at + self.B * (G - self.G_S))
+                if self.gap_log is not None:
+                    self._log_gaps(dur, 0.0, 0, 1, self.B)
+                self.t += dur
                 self.G = G + 1
                 self._used_G = self.G
                 self.n_iterations += 1
@@ -728,11 +768,15 @@ class Engine:
         t0, a, c = self._st_t0, self._st_a, self._st_c
         if T <= self._st_t_last:   # the stretch is cut by T: run what starts before T
             k = iterations_before(t0, a, c, T)
+            if self.gap_log is not None:
+                self._log_gaps(a, c, self.G - self._st_G0, k, self.B)
             self.n_iterations += self._st_G0 + k - self.G
             self.G = self._st_G0 + k
             self.t = t0 + k * a + c * k * (k - 1) / 2
             return
         n = int(self._st_n)   # finite: T is past the stretch's last iteration
+        if self.gap_log is not None:
+            self._log_gaps(a, c, self.G - self._st_G0, n, self.B)
         self.n_iterations += self._st_G0 + n - self.G
         self.G = self._st_G0 + n
         self.t = t0 + n * a + c * n * (n - 1) / 2
