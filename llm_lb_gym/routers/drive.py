@@ -33,6 +33,7 @@ from ..sim.clock import run_on_arrival, run_on_grid
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
 from ..sim.request import RequestTable
+from ..sim.shared_host import SharedHost, SharedHostCluster
 from ..sim.watchdog import Watchdog
 from ..workload.batch import RequestBatch
 
@@ -90,14 +91,16 @@ def build_table(batch: RequestBatch, pred_decode_tokens=None,
 def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.random.Generator,
                decision_interval_s: float = 0.0, pred_decode_tokens=None, *,
                decode_scheme: BucketScheme | None = None, check: bool = False,
-               inv_ideal_s=None, prompt_scheme: BucketScheme | None = None) -> Cluster:
+               inv_ideal_s=None, prompt_scheme: BucketScheme | None = None,
+               host: SharedHost | None = None) -> Cluster:
     """Run one episode with ``router`` until every request has finished or been rejected.
 
     ``rng`` goes to ``router.reset``; the simulator itself is deterministic. ``decode_scheme``
     fills ``table.decode_bucket`` (give Min-Min the same edges); ``prompt_scheme`` and
     ``inv_ideal_s`` fill ``table.prompt_bucket`` and ``table.inv_ideal`` (``build_table``; a
-    trained policy's observation reads the buckets). Returns the finished cluster
-    (metrics: ``sim.metrics`` over ``cluster.table``).
+    trained policy's observation reads the buckets). ``host``: the instances share one
+    machine's cores (``sim/shared_host.py``; CPU servers) instead of a GPU each. Returns the
+    finished cluster (metrics: ``sim.metrics`` over ``cluster.table``).
     """
     check_range("decision_interval_s", decision_interval_s, 0.0, MAX_ARRIVAL_S)
     if 0.0 < decision_interval_s < MIN_DECISION_INTERVAL_S:
@@ -110,7 +113,11 @@ def run_router(batch: RequestBatch, cluster_cfg: ClusterConfig, router, rng: np.
     table = build_table(batch, pred_decode_tokens, decode_scheme, inv_ideal_s, prompt_scheme)
     nb = 1 if decode_scheme is None else decode_scheme.num_buckets
     npb = 1 if prompt_scheme is None else prompt_scheme.num_buckets
-    cluster = Cluster(cluster_cfg, table, num_prompt_buckets=npb, num_decode_buckets=nb, check=check)
+    if host is None:
+        cluster = Cluster(cluster_cfg, table, num_prompt_buckets=npb, num_decode_buckets=nb, check=check)
+    else:
+        cluster = SharedHostCluster(cluster_cfg, table, host, num_prompt_buckets=npb, num_decode_buckets=nb,
+                                    check=check)
     router.reset(rng, cluster_cfg.num_instances)
     route_all = functools.partial(_route_all, router=router)
     if decision_interval_s == 0.0:
