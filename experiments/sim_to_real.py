@@ -9,10 +9,17 @@ slots) is replayed open-loop, per router, through a router process in front of `
 fresh ``llama-server`` processes (one thread, ``--parallel`` slots each; ``ignore_eos`` and no
 prompt cache, so every request computes its whole prompt and decodes exactly its tokens), and run
 through the simulator configured as those servers (``serve/llamacpp_sim.py``: the fitted
-``smollm2-135m-llamacpp-cpu`` preset, slots as sequences, per-slot context, mixed batches),
-with every time term scaled by the slowdown measured over that replay (the servers' compute
-threads' waits for a CPU, ``llamacpp_sim.slowdown``: the machine is shared), and also at one
-speed per load (the median slowdown) and unscaled. The table per load: mean / p50 / p99 E2E and
+``smollm2-135m-llamacpp-cpu`` preset, slots as sequences, per-slot context, mixed batches).
+The machine is shared, and each replay is simulated with what was measured over it, under two
+models (``--contention`` picks the one reported as "(sim)"; both are compared): the
+**shared host** (default; ``sim/shared_host.py``) puts the simulated servers on the machine's
+cores beside the other runnable threads measured over the replay (``llamacpp_sim.
+background_threads``), so a server computes slower exactly while the other one does, every time
+term also x the CPU probe's execution slowdown; the **uniform** correction scales every time
+term by one slowdown per replay, the servers' measured waits for a CPU (``llamacpp_sim.slowdown``)
+x the probe. The shared host predicts those waits instead of reading them, and the summary sets
+its prediction beside the measurement. Also simulated at one speed per load (the medians) and
+unscaled. The table per load: mean / p50 / p99 E2E and
 TTFT served and simulated, the simulated / served ratio of the means, and whether the routers'
 order by mean E2E (and by mean TTFT) is the same; with ``--repeats`` > 1, every router pair's
 paired difference with its 95% CI and whether the simulator's sign agrees where the served one
@@ -50,6 +57,8 @@ computed (llama.cpp would otherwise reuse a slot's cached prefix: the prompts he
 word), greedy sampling (the cheapest sampler; the fit measured the same)."""
 DECISION_INTERVAL_S = 0.02
 """The holding routers' decision period, served and simulated alike."""
+CONTENTION = ("shared-host", "uniform")
+"""The two models of the machine the servers share (``--contention``); "(sim)" is the chosen one."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -78,6 +87,11 @@ def parser() -> argparse.ArgumentParser:
                     help="'here': profile this machine's llama-server first (calibrate_llamacpp profile, about "
                          "2.5 min, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
                          "default: the preset (--preset)")
+    ap.add_argument("--contention", choices=CONTENTION, default="shared-host",
+                    help="how the simulated servers share the machine: 'shared-host' (sim/shared_host.py: its cores "
+                         "among the busy servers and the other runnable threads measured over each replay, every "
+                         "time term x the idle probe's execution slowdown), 'uniform' (every time term x the servers' "
+                         "measured waits x the probe: one slowdown per replay); both are simulated and compared")
     ap.add_argument("--out", default="runs/sim_to_real")
     return ap
 
@@ -102,27 +116,28 @@ def sample(args, rate: float, slot_tokens: int):
     return make_workload(args.workload, **opts).sample(np.random.default_rng(args.seed), args.requests)
 
 
-def simulate(batch, router: str, engine, n: int, seed: int) -> dict:
+def simulate(batch, router: str, engine, n: int, seed: int, host=None) -> dict:
     """The requests through the simulator: ``n`` instances of ``engine``, oracle predictions
-    (= max_tokens, as the router service predicts them: it knows max_tokens only)."""
+    (= max_tokens, as the router service predicts them: it knows max_tokens only); ``host``:
+    the instances share its cores (``sim/shared_host.py``), None: a core each."""
     from llm_lb_gym.sim.metrics import episode_metrics
 
-    return episode_metrics(simulate_table(batch, router, engine, n, seed))
+    return episode_metrics(simulate_cluster(batch, router, engine, n, seed, host).table)
 
 
-def simulate_table(batch, router: str, engine, n: int, seed: int):
-    """As :func:`simulate`, the request table itself (per-request times, client-side with a
-    frontend; the instance each request went to)."""
+def simulate_cluster(batch, router: str, engine, n: int, seed: int, host=None):
+    """As :func:`simulate`, the finished cluster (its table: per-request times, client-side with
+    a frontend, the instance each request went to; on a shared host each instance's busy time)."""
     from llm_lb_gym.routers.drive import run_router
     from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.sim.config import ClusterConfig
 
     r = make_router(router)
     cluster = run_router(batch, ClusterConfig(num_instances=n, engine=engine), r, np.random.default_rng(seed),
-                         DECISION_INTERVAL_S if r.defers else 0.0)
+                         DECISION_INTERVAL_S if r.defers else 0.0, host=host)
     for fe in cluster.table.frontends:
         fe.flush()
-    return cluster.table
+    return cluster
 
 
 ARRIVAL_STATES = ("cluster idle", "other instance busy", "own instance busy")
@@ -185,11 +200,14 @@ profile's 5 repeats a point are)."""
 
 def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     """Fresh servers and router for one replay (nothing carries over between routers); returns
-    the results, how much slower than on cores of their own the servers ran meanwhile
-    (``llamacpp_sim.slowdown``: their compute threads' waits for a CPU), and the CPU probe's
-    reading (``_contention.py``: the execution slowdown beyond waiting) twice: with the servers
-    idle, bracketing the replay (``bracket_reading_s`` of the probes just before and just after
-    it, the statistic the profile reads its points with), and sampled during it.
+    the results and the replay's readings: ``waits``, how much slower than on cores of their
+    own the servers ran meanwhile (``llamacpp_sim.slowdown``: their compute threads' waits for a
+    CPU); ``background``, the mean number of every other runnable thread of the machine
+    (``llamacpp_sim.background_threads``: the router, the load generator, anyone's jobs; the
+    shared host's competition); and the CPU probe's reading (``_contention.py``: the execution
+    slowdown beyond waiting) twice: ``probe`` with the servers idle, bracketing the replay
+    (``bracket_reading_s`` of the probes just before and just after it, the statistic the
+    profile reads its points with), and ``probe_during``, sampled during it.
 
     The first is the one the correction uses. Why: the profile's probes were taken between its
     points, with its server idle (``calibrate_llamacpp``), so that the reference and the reading
@@ -199,7 +217,7 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     correction overshot (docs/serving.md). Both are reported."""
 
     from llm_lb_gym.serve import llamacpp
-    from llm_lb_gym.serve.llamacpp_sim import schedstat_s, slowdown
+    from llm_lb_gym.serve.llamacpp_sim import background_threads, schedstat_s, slowdown, threads_runnable_s
     from llm_lb_gym.serve.loadgen import replay
 
     servers = llamacpp.start_servers(args.servers, server=args.llama_server, model=args.gguf,
@@ -209,13 +227,17 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
         asyncio.run(warm_up([s.url for s in servers]))
         url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
         idle_before = [probe_s() for _ in range(IDLE_PROBES)]
+        compute = {s.proc.pid for s in servers}   # with -t 1 a server computes on its main thread
         before = [schedstat_s(s.proc.pid) for s in servers]
+        others, t0 = threads_runnable_s(compute), time.monotonic()
         with ProbeSampler() as during:
             res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens, model="smollm2",
                                      max_concurrency=512, stream=not args.no_stream, extra_body=EXTRA_BODY))
+        background = background_threads(others, threads_runnable_s(compute), time.monotonic() - t0)
         waits = slowdown(before, [schedstat_s(s.proc.pid) for s in servers])
         idle_after = [probe_s() for _ in range(IDLE_PROBES)]
-        return res, waits, bracket_reading_s(idle_before, idle_after), during.median_s()
+        return res, dict(waits=waits, background=background, probe=bracket_reading_s(idle_before, idle_after),
+                         probe_during=during.median_s())
     finally:
         if proc is not None:
             proc.kill()
@@ -277,7 +299,7 @@ def main(argv=None) -> dict:
     require("serve", "llm-lb-gym sim_to_real")
     from llm_lb_gym import __version__
     from llm_lb_gym.serve import llamacpp
-    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config, scaled_latency
+    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config
     from llm_lb_gym.sim.metrics import episode_metrics
     from llm_lb_gym.serve.loadgen import summarize
 
@@ -317,7 +339,6 @@ def main(argv=None) -> dict:
                       f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
     lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
                   f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)", ""]
-    base_lat = engine.latency_model
     rows, report = [], {}
     for rate in _rates(args.rates):
         per_repeat = []
@@ -325,34 +346,41 @@ def main(argv=None) -> dict:
             rep_args = replace_seed(args, args.seed + k)
             batch = sample(rep_args, rate, slot)
             order = routers[k % len(routers):] + routers[:k % len(routers)]   # rotated: drift hits each alike
-            summary, factors = {}, {}
+            summary = {}
             for router in order:
                 load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
-                res, waits, probe, probe_during = replay_real(args, batch, router, slot, preset)
+                res, got = replay_real(args, batch, router, slot, preset)
                 wall = time.monotonic() - t0
-                execution = probe / probe_ref if probe_ref == probe_ref else 1.0
-                factors[router] = waits * execution
+                execution = got["probe"] / probe_ref if probe_ref == probe_ref else 1.0
                 summary[router] = dict(summarize(res), load_before=load0, load_after=os.getloadavg()[0],
-                                       waits_factor=waits, execution_factor=execution, speed_factor=factors[router],
-                                       probe_during_factor=probe_during / probe_ref if probe_ref == probe_ref else 1.0,
+                                       waits_factor=got["waits"], execution_factor=execution,
+                                       speed_factor=got["waits"] * execution, background_threads=got["background"],
+                                       probe_during_factor=got["probe_during"] / probe_ref if probe_ref == probe_ref else 1.0,
                                        wall_s=wall)
                 summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, rep_args.seed)
                 rows += [dict(rate_rps=rate, repeat=k, router=router, **r.__dict__) for r in res]
                 print(f"{rate:g} req/s repeat {k} {router}: {summary[router]['errors']:.0f} errors of {len(res)}, "
-                      f"{wall:.0f} s, load average {load0:.1f} -> {summary[router]['load_after']:.1f}, slowdown "
-                      f"x{waits:.2f} (waits) x {execution:.2f} (probe, servers idle; x{summary[router]['probe_during_factor']:.2f} "
-                      f"during the replay) = x{factors[router]:.2f}; mean E2E served "
+                      f"{wall:.0f} s, load average {load0:.1f} -> {summary[router]['load_after']:.1f}, "
+                      f"{got['background']:.2f} other runnable threads, slowdown x{got['waits']:.2f} (waits) x "
+                      f"{execution:.2f} (probe, servers idle; x{summary[router]['probe_during_factor']:.2f} during the "
+                      f"replay) = x{summary[router]['speed_factor']:.2f}; mean E2E served "
                       f"{summary[router]['mean_e2e_s']:.3f} s", file=sys.stderr, flush=True)
-            # Each replay's simulation runs at the slowdown measured over that replay; the routers
-            # are also simulated at one speed (the median), the ranking a machine of fixed speed gives.
-            common = float(np.median(list(factors.values())))
+            # Each replay is simulated with what was measured over it, under both contention
+            # models; the routers also at one speed (the medians), the ranking a machine of
+            # fixed speed gives.
+            common = {key: float(np.median([summary[r][key] for r in routers]))
+                      for key in ("speed_factor", "execution_factor", "background_threads")}
             for router in routers:
-                eng = replace(engine, latency=scaled_latency(base_lat, factors[router]))
-                tb = simulate_table(batch, router, eng, args.servers, rep_args.seed)
-                summary[router + " (sim)"] = episode_metrics(tb)
-                eng = replace(engine, latency=scaled_latency(base_lat, common))
-                summary[router + " (sim, one speed)"] = simulate(batch, router, eng, args.servers, rep_args.seed)
+                clusters = simulate_contention(batch, router, engine, args.servers, rep_args.seed, summary[router])
+                for model, cluster in clusters.items():
+                    summary[f"{router} (sim, {model})"] = episode_metrics(cluster.table)
+                shared = clusters["shared-host"]
+                summary[router]["predicted_waits"] = sum(shared.busy_real_s) / max(sum(shared.busy_work_s), 1e-12)
+                summary[router + " (sim)"] = summary[f"{router} (sim, {args.contention})"]
+                one = simulate_contention(batch, router, engine, args.servers, rep_args.seed, common, args.contention)
+                summary[router + " (sim, one speed)"] = episode_metrics(one[args.contention].table)
+                tb = clusters[args.contention].table
                 first = np.asarray(tb.seen_first_token_s if tb.frontends else tb.first_token_s)
                 end = np.asarray(tb.seen_finish_s if tb.frontends else tb.finish_s)
                 states = arrival_states(tb.arrival_s, end, tb.instance)
@@ -362,10 +390,10 @@ def main(argv=None) -> dict:
                         row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
                                    sim_instance=int(tb.instance[i]), arrival_state=states[i])
             if args.repeats == 1:
-                lines += table(summary, routers, rate, common)
+                lines += table(summary, routers, rate, common["speed_factor"])
             per_repeat.append(summary)
         paired, verdict = paired_table(per_repeat, routers, rate)
-        lines += paired
+        lines += paired + contention_table(per_repeat, routers)
         report[str(rate)] = per_repeat[0]
         report.setdefault("repeats", {})[str(rate)] = per_repeat
         report.setdefault("ranking", {})[str(rate)] = verdict
@@ -413,6 +441,48 @@ def _fitted_here(args, out: Path, engine, frontend):
         frontend = replace(frontend, delay_s=max(delay, 0.0))
         engine = replace(engine, frontend=frontend)
     return engine, frontend, probe_reference_s(read_rows(path)), path
+
+
+def simulate_contention(batch, router: str, engine, n: int, seed: int, got: dict, only: str | None = None) -> dict:
+    """One replay simulated under each contention model (``CONTENTION``, or ``only`` that one)
+    from its readings ``got`` (``speed_factor`` = waits x probe, ``execution_factor``,
+    ``background_threads``): name -> finished cluster.
+
+    Why two: the uniform correction scales every iteration by the slowdown averaged over the
+    replay, while a server computes slower exactly when the other server does (on two cores, with
+    anything else runnable, they share them); the shared host (``sim/shared_host.py``) models
+    that moment by moment from the machine's cores and the other threads' mean demand, and leaves
+    the servers' waits to be predicted (``predicted_waits``) instead of read."""
+    from llm_lb_gym.serve.llamacpp_sim import scaled_latency
+    from llm_lb_gym.sim.shared_host import SharedHost
+
+    base = engine.latency_model
+    out = {}
+    if only in (None, "shared-host"):
+        host = SharedHost(cores=float(len(os.sched_getaffinity(0))), background_threads=got["background_threads"])
+        eng = replace(engine, latency=scaled_latency(base, got["execution_factor"]))
+        out["shared-host"] = simulate_cluster(batch, router, eng, n, seed, host)
+    if only in (None, "uniform"):
+        eng = replace(engine, latency=scaled_latency(base, got["speed_factor"]))
+        out["uniform"] = simulate_cluster(batch, router, eng, n, seed)
+    return out
+
+
+def contention_table(per_repeat: list[dict], routers) -> list[str]:
+    """Both contention models against the served means over the repeats of one load, with the
+    servers' waits measured (schedstat) and as the shared host predicts them."""
+    lines = ["the two contention models (sim/served - 1 of the means over the repeats):", "",
+             "| router | mean E2E, shared host | uniform | mean TTFT, shared host | uniform | "
+             "waits measured | predicted (shared host) | other runnable threads |", "|---|---|---|---|---|---|---|---|"]
+    for r in routers:
+        def mean(suffix, key):
+            return float(np.mean([s[r + suffix][key] for s in per_repeat]))
+        cells = []
+        for key in ("mean_e2e_s", "mean_ttft_s"):
+            cells += [f"{mean(f' (sim, {m})', key) / mean('', key) - 1:+.1%}" for m in CONTENTION]
+        lines.append(f"| {r} | {' | '.join(cells)} | x{mean('', 'waits_factor'):.2f} | "
+                     f"x{mean('', 'predicted_waits'):.2f} | {mean('', 'background_threads'):.2f} |")
+    return lines + [""]
 
 
 def replace_seed(args, seed: int):

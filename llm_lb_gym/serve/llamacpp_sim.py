@@ -94,3 +94,34 @@ def slowdown(before: list[tuple[float, float]], after: list[tuple[float, float]]
     if run <= 0:
         raise ValueError("the servers got no CPU time between the two readings")
     return (run + wait) / run
+
+
+def threads_runnable_s(exclude: set[int]) -> dict[int, float]:
+    """Seconds each thread of the machine (every ``/proc/PID/task/TID``, but the ``exclude``\\ d
+    thread ids) has been runnable: on a CPU or waiting for one (``/proc/.../schedstat``).
+
+    Why: on a shared host (``sim/shared_host.py``) the servers compete with every other runnable
+    thread; the difference of two readings over an interval, divided by its length, is the mean
+    number of such threads, which is what the host model takes as ``background_threads``. A
+    thread that ends between the readings is lost; one that starts counts from zero."""
+    import glob
+
+    out = {}
+    for path in glob.glob("/proc/[0-9]*/task/[0-9]*/schedstat"):
+        tid = int(path.split("/")[4])
+        if tid in exclude:
+            continue
+        try:
+            with open(path) as f:
+                run_ns, wait_ns = f.read().split()[:2]
+        except (OSError, ValueError):   # the thread ended while we read
+            continue
+        out[tid] = (int(run_ns) + int(wait_ns)) / 1e9
+    return out
+
+
+def background_threads(before: dict[int, float], after: dict[int, float], wall_s: float) -> float:
+    """Mean runnable threads between two :func:`threads_runnable_s` readings ``wall_s`` apart."""
+    if wall_s <= 0:
+        raise ValueError(f"background_threads: wall_s={wall_s!r}; allowed: > 0")
+    return sum(max(0.0, v - before.get(tid, 0.0)) for tid, v in after.items()) / wall_s
