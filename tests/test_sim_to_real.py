@@ -7,6 +7,9 @@ The replay itself (``experiments/sim_to_real.py``) needs llama-server and the GG
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -290,3 +293,67 @@ def test_arrival_states_and_the_split_by_them():
     assert "| 2 | 0.200 | 0.125 | -37.5% |" in idle
     assert any("| other instance busy | 1 | 0.200 | 0.100 | -50.0% |" in line for line in lines)
     assert any("| own instance busy | 1 | 0.400 | 0.200 | -50.0% |" in line for line in lines)
+
+
+def test_background_threads_count_every_other_runnable_thread(tmp_path):
+    """The shared host's competition: the mean number of runnable threads between two readings,
+    the servers' compute threads left out; a busy thread of this test counts about one."""
+    import threading
+    import time
+
+    from llm_lb_gym.serve.llamacpp_sim import background_threads, threads_runnable_s
+
+    assert background_threads({1: 1.0, 2: 5.0}, {1: 2.0, 2: 6.5, 3: 0.5}, 2.0) == pytest.approx(1.5)
+    assert background_threads({1: 9.0}, {1: 2.0}, 1.0) == 0.0     # a reused thread id: not negative
+    with pytest.raises(ValueError, match="wall_s"):
+        background_threads({}, {}, 0.0)
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("no /proc: the readings need Linux")
+    me = threading.get_native_id()
+    stop = time.monotonic() + 1.0
+    before, t0 = threads_runnable_s(set()), time.monotonic()
+    while time.monotonic() < stop:
+        pass
+    busy = background_threads(before, threads_runnable_s(set()), time.monotonic() - t0)
+    assert busy >= 0.8
+    before, t0 = threads_runnable_s({me}), time.monotonic()
+    while time.monotonic() < stop + 1.0:
+        pass
+    assert me not in threads_runnable_s({me})
+    assert background_threads(before, threads_runnable_s({me}), time.monotonic() - t0) < busy - 0.5
+
+
+def test_contention_table_sets_both_models_and_the_predicted_waits_side_by_side():
+    from llm_lb_gym.experiments.sim_to_real import contention_table
+
+    def rep(e, t, sh, un, waits, pred):
+        return {"a": {"mean_e2e_s": e, "mean_ttft_s": t, "waits_factor": waits, "predicted_waits": pred,
+                      "background_threads": 1.0},
+                "a (sim, shared-host)": {"mean_e2e_s": e * sh, "mean_ttft_s": t * sh},
+                "a (sim, uniform)": {"mean_e2e_s": e * un, "mean_ttft_s": t * un}}
+
+    text = "\n".join(contention_table([rep(1.0, 0.1, 1.1, 0.8, 1.2, 1.25), rep(1.0, 0.1, 1.1, 0.8, 1.4, 1.35)], ["a"]))
+    assert "| a | +10.0% | -20.0% | +10.0% | -20.0% | x1.30 | x1.30 | 1.00 |" in text
+
+
+def test_simulate_contention_runs_both_models_from_a_replays_readings():
+    """The shared host with no competition and no probe slowdown is the servers on cores of their
+    own; the uniform model at factor 1 too; more competition makes the shared host slower."""
+    from llm_lb_gym.experiments.sim_to_real import simulate, simulate_contention
+    from llm_lb_gym.serve.llamacpp_sim import llamacpp_engine_config
+    from llm_lb_gym.workload import make_workload
+
+    batch = make_workload("task_mix", max_context_tokens=1024, rate_rps=1.5, length_scale=0.2,
+                          max_prompt_tokens=200).sample(np.random.default_rng(1), 30)
+    eng = llamacpp_engine_config(4, 4096)
+    free = {"speed_factor": 1.0, "execution_factor": 1.0, "background_threads": 0.0}
+    alone = simulate(batch, "round_robin", eng, 2, 0)["mean_e2e_s"]
+    both = simulate_contention(batch, "round_robin", eng, 2, 0, free)
+    assert set(both) == {"shared-host", "uniform"}
+    from llm_lb_gym.sim.metrics import episode_metrics
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert episode_metrics(both["shared-host"].table)["mean_e2e_s"] == pytest.approx(alone, rel=1e-9)
+    assert episode_metrics(both["uniform"].table)["mean_e2e_s"] == pytest.approx(alone, rel=1e-12)
+    busy = simulate_contention(batch, "round_robin", eng, 2, 0, dict(free, background_threads=3.0), "shared-host")
+    assert list(busy) == ["shared-host"]
+    assert episode_metrics(busy["shared-host"].table)["mean_e2e_s"] > 1.2 * alone
