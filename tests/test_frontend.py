@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from llm_lb_gym._validate import ConfigError
 from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
 from llm_lb_gym.sim.frontend import FrontendModel
 from llm_lb_gym.sim.latency import LatencyModel
@@ -109,3 +110,46 @@ def test_input_workers_is_validated_and_zero_is_the_old_model():
     # A worker limit above the number of requests in flight changes nothing either.
     c = _run(arr, p, d, FrontendModel(**{**FE.__dict__, "input_workers": n}))
     assert np.array_equal(a.seen_first_token_s, c.seen_first_token_s)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_server_woken_from_idleness_answers_later_by_hand(fast):
+    """``wake_s``: a request reaching an idle server waits the extra delay of its idle time
+    (linear between the points, flat beyond); one that finds the server busy waits none."""
+    from llm_lb_gym.sim.cluster import Cluster
+
+    wake = ((0.1, 0.002), (1.0, 0.011), (5.0, 0.03))
+    fe = FrontendModel(delay_s=0.02, wake_s=wake)
+    assert [fe.wake_delay_s(x) for x in (0.0, 0.1, 0.55, 1.0, 3.0, 9.0)] == pytest.approx(
+        [0.002, 0.002, 0.0065, 0.011, 0.0205, 0.03])
+
+    def run(arr, frontend):
+        cfg = EngineConfig(latency=LAT, cpu_overhead=False, frontend=frontend, max_num_seqs=256)
+        table = RequestTable(arr, [100] * len(arr), [5] * len(arr), [5] * len(arr))
+        cluster = Cluster(ClusterConfig(num_instances=1, engine=cfg, fast=fast), table)
+        for k in range(table.n):
+            cluster.advance_to(arr[k])
+            cluster.route(0)
+        cluster.run_to_completion()
+        return table
+
+    # request 0 at t=0 (idle since 0: 2 ms), 1 while 0 runs (none), 2 after 3 s idle (20.5 ms)
+    arr = [0.0, 0.03, 0.0]
+    plain = run([0.0, 0.03], FrontendModel(delay_s=0.02))
+    arr[2] = plain.finish_s[1] + 3.0
+    t, base = run(arr, fe), run(arr, FrontendModel(delay_s=0.02))
+    assert t.first_scheduled_s[0] == pytest.approx(base.first_scheduled_s[0] + 0.002, rel=1e-12)
+    idle = arr[2] - max(t.finish_s[:2])    # ~3 s (request 0's wake moved the first two ends)
+    assert t.first_scheduled_s[2] == pytest.approx(base.first_scheduled_s[2] + fe.wake_delay_s(idle), rel=1e-12)
+    assert fe.wake_delay_s(idle) == pytest.approx(0.0205, rel=1e-3)
+    assert t.finish_s[1] - t.first_scheduled_s[0] == pytest.approx(base.finish_s[1] - base.first_scheduled_s[0], rel=1e-9)
+    assert run(arr, FrontendModel(delay_s=0.02, wake_s=())).finish_s == base.finish_s
+
+
+def test_wake_points_are_validated():
+    from llm_lb_gym.sim.frontend import resolve_frontend
+
+    for bad in (((1.0, 0.01), (0.5, 0.02)), ((0.0, -1e-3),), (("a", 1),), 5):
+        with pytest.raises(ConfigError, match="wake_s"):
+            FrontendModel(wake_s=bad)
+    assert resolve_frontend({"wake_s": [[0, 0.001], [2, 0.01]]}).wake_s == ((0.0, 0.001), (2.0, 0.01))

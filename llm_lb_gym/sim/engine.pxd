@@ -26,7 +26,7 @@ cdef class Engine:
     cdef public Scheduler sched
     cdef public ProgressSums progress
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
-    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode
+    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode, fe_wake
     cdef public object table, latency
     cdef public dict running
     cdef public list prefilling, fin_heap, phase_cnt
@@ -34,6 +34,7 @@ cdef class Engine:
 
     cpdef _sync_used(self)
     cpdef bint idle(self)
+    @cython.locals(wake=double)
     cpdef add(self, long rid, double now)
     cpdef _fe_release(self)
     @cython.locals(t0=double, a=double, c=double, t=double, G0=long, k=long)

@@ -101,6 +101,7 @@ class Engine:
         # but reach the waiting queue only at ``fe_next`` or later. None: routed requests join
         # the waiting queue at once (every preset without ``engine.frontend``).
         self.fe = Frontend(cfg.frontend_model, table) if cfg.frontend_model is not None else None
+        self.fe_wake = self.fe is not None and bool(cfg.frontend_model.wake_s)
         self.fe_count = 0       # requests in the frontend's input stage
         self.fe_next = INF      # no input completes before this (INF: none in the frontend)
         # Token gaps (opt-in, ``record_token_gaps``): runs of decode iterations as (a, c, j0, j1,
@@ -198,7 +199,12 @@ class Engine:
     def add(self, rid: int, now: float) -> None:
         """Route request ``rid`` here at time ``now`` (after ``advance_to(now)``)."""
         tb = self.table
-        if self.idle() and self.t < now:
+        wake = 0.0
+        if self.idle() and self.t <= now:
+            # A server woken from idleness answers later (``FrontendModel.wake_s``): idle = nothing
+            # in flight and the last iteration over, since that iteration's end.
+            if self.fe_wake:
+                wake = self.fe.model.wake_delay_s(now - self.t)
             self.t = now
         tb.status[rid] = _WAITING
         tb.instance[rid] = self.index
@@ -206,7 +212,7 @@ class Engine:
         self.committed_tokens += tb.prompt[rid] + tb.pred[rid]
         self._enter_prompt_phase(rid)
         if self.fe is not None:   # the frontend's input work first (``_fe_release``)
-            self.fe.arrive(rid, now)
+            self.fe.arrive(rid, now, wake)
             self.fe_count += 1
             self.fe_next = self.fe.next_release_s()
             return

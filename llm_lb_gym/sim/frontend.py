@@ -88,8 +88,20 @@ class FrontendModel:
     late together, not spread evenly), so the shipped frontends keep 0; the option is there
     for servers that do prepare one request at a time, and for ``validate --input-workers``."""
 
+    wake_s: tuple[tuple[float, float], ...] = ()
+    """Extra delay of a request that reaches an idle server, by how long it was idle: points
+    ``(idle seconds, extra seconds)``, idle increasing, linear between them and flat beyond
+    (empty: none). Why: a CPU server woken from idleness (a vCPU the hypervisor descheduled,
+    cold caches, the threads' wake-ups) answers a lone request later than one profiled back to
+    back, more the longer it slept (measured on llama.cpp by ``calibrate_llamacpp profile``;
+    docs/serving.md). "Idle": no request of the instance in flight or in the frontend and its
+    last iteration over; the idle time runs from the end of that iteration."""
+
     def __post_init__(self) -> None:
+        object.__setattr__(self, "wake_s", _wake_points(self.wake_s))
         for f in fields(self):
+            if f.name == "wake_s":
+                continue
             if f.name == "input_workers":
                 if isinstance(self.input_workers, bool) or not isinstance(self.input_workers, int) or self.input_workers < 0:
                     raise ConfigError(f"frontend.input_workers={self.input_workers!r}; allowed: an integer >= 0 "
@@ -100,8 +112,38 @@ class FrontendModel:
     def input_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.prompt_token_s * prompt_tokens
 
+    def wake_delay_s(self, idle_s: float) -> float:
+        """The extra delay of a request reaching the server after ``idle_s`` idle (``wake_s``)."""
+        pts = self.wake_s
+        if not pts:
+            return 0.0
+        if idle_s <= pts[0][0]:
+            return pts[0][1]
+        for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+            if idle_s <= x1:
+                return y0 + (y1 - y0) * (idle_s - x0) / (x1 - x0)
+        return pts[-1][1]
+
     def describe(self) -> str:
-        return ", ".join(f"{f.name}={getattr(self, f.name):.4g}" for f in fields(self))
+        out = ", ".join(f"{f.name}={getattr(self, f.name):.4g}" for f in fields(self) if f.name != "wake_s")
+        if self.wake_s:
+            out += ", wake_s=" + " ".join(f"{x:g}s:{y * 1e3:.1f}ms" for x, y in self.wake_s)
+        return out
+
+
+def _wake_points(value) -> tuple[tuple[float, float], ...]:
+    """``wake_s`` as a validated tuple of (idle seconds, extra seconds) points."""
+    allowed = "allowed: a list of [idle seconds, extra seconds] pairs, idle strictly increasing, both >= 0"
+    try:
+        pts = tuple((x, y) for x, y in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"frontend.wake_s={value!r}; {allowed}") from None
+    for i, (x, y) in enumerate(pts):
+        check_range(f"frontend.wake_s[{i}] idle seconds", x, 0.0)
+        check_range(f"frontend.wake_s[{i}] extra seconds", y, 0.0)
+        if i and x <= pts[i - 1][0]:
+            raise ConfigError(f"frontend.wake_s: idle seconds {x!r} after {pts[i - 1][0]!r}; {allowed}")
+    return tuple((float(x), float(y)) for x, y in pts)
 
 
 FRONTEND_COSTS: tuple[str, ...] = tuple(f.name for f in fields(FrontendModel) if f.type == "float")
@@ -163,10 +205,12 @@ class Frontend:
         heapq.heappush(self.pending, (time, self.seq, kind, rid))
         self.seq += 1
 
-    def arrive(self, rid: int, now: float) -> None:
+    def arrive(self, rid: int, now: float, wake_s: float = 0.0) -> None:
+        """Request ``rid`` routed here at ``now``; ``wake_s``: the extra delay of a server woken
+        from idleness (``FrontendModel.wake_delay_s``, the engine knows how long it was idle)."""
         assert now >= self.t, f"frontend: a request routed at {now} behind the server's clock {self.t}"
         self.n_input += 1
-        self._report(now + self.model.delay_s, _INPUT, rid)
+        self._report(now + self.model.delay_s + wake_s, _INPUT, rid)
 
     def first_token(self, rid: int, time: float) -> None:
         self._report(time, _FIRST, rid)

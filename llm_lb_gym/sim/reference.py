@@ -539,6 +539,14 @@ def _assert_admissible(req: RefRequest, cfg: EngineConfig) -> None:
         assert p <= cfg.token_budget, f"request {req.rid} exceeds max_num_batched_tokens"
 
 
+def _wake_s(model, earlier: list, route_s: float) -> float:
+    """``FrontendModel.wake_s`` literally: the instance is idle at ``route_s`` if every request
+    routed to it before has finished by then; idle since the last of those finishes (0 if none)."""
+    if not model.wake_s or any(e.finish_s is None or e.finish_s > route_s for e in earlier):
+        return 0.0
+    return model.wake_delay_s(route_s - max((e.finish_s for e in earlier), default=0.0))
+
+
 def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: bool = True,
                        hash_block_tokens: int = 0) -> tuple[list[RefResult], RefStats]:
     """Run one instance iteration by iteration until every request has finished.
@@ -558,12 +566,15 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
     nxt = 0  # index of the next request not yet routed
     now = requests[0].route_s if requests else 0.0
     fe = inst.frontend
-    if fe is not None:   # every request goes through the frontend's input job first
-        for s in seqs:
-            fe.report(s.req.route_s + fe.model.delay_s, "input", s)
-        joined = 0
+    joined = 0
     while any(s.state != "finished" for s in seqs):
         if fe is not None:
+            # Every request goes through the frontend's input job first, reported when the clock
+            # reaches its route time (a woken server's extra delay depends on what ran before).
+            while nxt < len(seqs) and seqs[nxt].req.route_s <= now:
+                s = seqs[nxt]
+                fe.report(s.req.route_s + fe.model.delay_s + _wake_s(fe.model, seqs[:nxt], s.req.route_s), "input", s)
+                nxt += 1
             fe.advance(now)
             for s in fe.ready:   # queue order = the order they reach the waiting queue
                 s.state = "waiting"
@@ -577,9 +588,10 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
             nxt += 1
         busy = inst.preempted or inst.fresh or inst.prefilling or inst.running
         if not busy:
-            if fe is not None:   # idle: jump to the frontend's next event
-                assert fe.inputs_left(), "requests left but none in the frontend"
-                now = max(now, fe.next_time())
+            if fe is not None:   # idle: jump to the frontend's next event or the next route
+                nxt_route = seqs[nxt].req.route_s if nxt < len(seqs) else math.inf
+                assert fe.inputs_left() or nxt_route < math.inf, "requests left but none in the frontend"
+                now = max(now, min(fe.next_time(), nxt_route))
                 continue
             now = max(now, seqs[nxt].req.route_s)  # idle: jump to the next route
             continue
