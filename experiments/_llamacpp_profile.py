@@ -9,6 +9,7 @@ import each other (``tests/test_entry_points.py``).
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -28,7 +29,9 @@ FIELDS = ("phase", "label", "prefill_tokens", "prefill_attn_pairs", "decode_seqs
 the server's thread was on a CPU (``/proc/PID/schedstat``; the rest it waited for one, the
 machine being shared); ``probe_s``: the CPU probe bracketing the point's repeats (``_contention.bracket_reading_s``).
 The fit uses ``wall_s x run_share x min(probe_s) / probe_s``: the step on a quiet core of its own.
-Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time."""
+Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time;
+phase ``wake`` rows (label ``wake idle <seconds> s``) its TTFT after that long idle less its TTFT
+back to back."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,21 @@ def frontend_delay_s(path: Path | str = PROFILE_CSV) -> float | None:
     """The profile's lone-request TTFT beyond the server's prompt time (None: not measured)."""
     rows = [r for r in read_rows(path) if r["phase"] == "frontend"]
     return float(rows[0]["wall_s"]) if rows else None
+
+
+def wake_points(path: Path | str = PROFILE_CSV) -> tuple[tuple[float, float], ...]:
+    """The profile's ``wake`` rows as the frontend's ``wake_s`` points ((idle seconds, extra
+    seconds), back to back = (0, 0) first); empty if the profile has none (older profiles)."""
+    rows = [r for r in read_rows(path) if r["phase"] == "wake"]
+    if not rows:
+        return ()
+    pts = []
+    for r in rows:
+        m = re.fullmatch(r"wake idle ([0-9.eE+-]+) s", r["label"])
+        if m is None:
+            raise ValueError(f"{path}: wake row label {r['label']!r}; expected 'wake idle <seconds> s'")
+        pts.append((float(m.group(1)), max(float(r["wall_s"]), 0.0)))
+    return ((0.0, 0.0),) + tuple(sorted(pts))
 
 
 @dataclass(frozen=True)

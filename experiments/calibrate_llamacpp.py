@@ -20,7 +20,13 @@ so every prompt token is computed and every request decodes exactly its tokens):
 - the frontend: lone streamed requests of 16 tokens, the first token seen by the client less
   the server's own ``timings.prompt_ms`` for the same prompt: llama-server's per-request work
   outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the
-  ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``).
+  ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``);
+- waking from idleness: the same lone streamed request after the server (and this client) sat
+  idle for :data:`WAKE_IDLE_S` seconds, interleaved, its TTFT less the back-to-back one (median
+  per idle time): the frontend's ``wake_s`` points. Why: every point above is timed back to
+  back, while a request of a light load finds the server idle for seconds, and on this VM such a
+  request's first token came 7-24 ms later than the profile said (more the longer the idleness;
+  docs/serving.md).
 
 Each point is a :class:`~llm_lb_gym.calibration.vidur_profiles.CalibrationPoint` (its whole time in
 ``gpu_s``: on a CPU server there is no separate host overhead to split off) and the
@@ -51,7 +57,8 @@ from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
 from llm_lb_gym.experiments._contention import bracket_reading_s, probe_s
 from llm_lb_gym.experiments._llamacpp_profile import (  # the fit lives there: sim_to_real --profile fits too
     FIT_TERMS, LlamaCppFit, fit,
-    FIELDS, PROFILE_CSV, Measured, frontend_delay_s, probe_reference_s, read_points, read_rows, write_points)
+    FIELDS, PROFILE_CSV, Measured, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points,
+    write_points)
 from llm_lb_gym.sim.latency import causal_pairs
 
 PREFILL_PROMPTS = (8, 16, 32, 64, 128, 192, 256, 384, 512)
@@ -64,6 +71,8 @@ REPEATS = 3
 """Each point is measured this often and the median kept (other processes share the cores)."""
 FRONTEND_PROMPT = 16
 FRONTEND_REPEATS = 8
+WAKE_IDLE_S = (0.2, 1.0, 3.0, 10.0)
+"""Idle times before the wake-up points (the back-to-back request is their reference)."""
 
 
 def prompt_text(tokens: int) -> str:
@@ -186,6 +195,34 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
         points.append(Measured(CalibrationPoint("frontend", f"ttft beyond prompt {FRONTEND_PROMPT}", FRONTEND_PROMPT, 0,
                                                 0, 0, e, 0.0, 0.0), e, 1.0, reading()))
         log(f"  a lone {FRONTEND_PROMPT}-token request, streamed: first token {e * 1e3:.1f} ms after the server's prompt time")
+        points += await _wake_points(client, url, model, repeats, log)
+    return points
+
+
+async def _wake_points(client, url: str, model: str, repeats: int, log: Callable[[str], None]) -> list[Measured]:
+    """A lone streamed request's TTFT after each of :data:`WAKE_IDLE_S` of idleness, less its TTFT
+    back to back (medians over ``repeats`` rounds, the idle times interleaved in each round so that
+    a drift of the machine's speed hits each alike): ``wake`` points (``_llamacpp_profile.wake_points``)."""
+    async def ttft() -> float:
+        t0 = time.monotonic()
+        times = await _stream_times(client, url, model, FRONTEND_PROMPT, 2)
+        return times[0] - t0
+
+    gaps = (0.0,) + WAKE_IDLE_S
+    got: dict[float, list[float]] = {g: [] for g in gaps}
+    for _ in range(max(repeats, 3)):
+        for g in gaps:
+            if g:
+                await asyncio.sleep(g)
+            else:
+                await ttft()   # back to back: right after another request
+            got[g].append(await ttft())
+    ref = float(np.median(got[0.0]))
+    points = [Measured(CalibrationPoint("wake", f"wake idle {g:g} s", FRONTEND_PROMPT, 0, 0, 0,
+                                        max(float(np.median(got[g])) - ref, 0.0), 0.0, 0.0),
+                       float(np.median(got[g])) - ref, 1.0) for g in WAKE_IDLE_S]
+    log(f"  a lone {FRONTEND_PROMPT}-token request after idleness: TTFT back to back {ref * 1e3:.1f} ms, then "
+        + ", ".join(f"+{m.point.gpu_s * 1e3:.1f} ms after {g:g} s" for g, m in zip(WAKE_IDLE_S, points)))
     return points
 
 
@@ -245,6 +282,10 @@ def main(argv: Sequence[str] | None = None) -> LlamaCppFit | None:
     if delay is not None:
         print(f"  frontend (llamacpp-server): delay_s={delay:.4g} (a lone request's streamed first token beyond "
               f"the server's prompt time, median of {FRONTEND_REPEATS})")
+    wake = wake_points(src)
+    if wake:
+        print("  frontend wake_s (idle s, extra s): " + ", ".join(f"({x:g}, {y:.4g})" for x, y in wake)
+              + " (a lone request's TTFT after idleness less its TTFT back to back)")
     return result
 
 

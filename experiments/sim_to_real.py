@@ -47,7 +47,8 @@ import numpy as np
 from llm_lb_gym.calibration.calibrate import rounded
 from llm_lb_gym.experiments._cli_args import key_values
 from llm_lb_gym.experiments._contention import ProbeSampler, bracket_reading_s, probe_s
-from llm_lb_gym.experiments._llamacpp_profile import fit, frontend_delay_s, probe_reference_s, read_points, read_rows
+from llm_lb_gym.experiments._llamacpp_profile import (
+    fit, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points)
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -438,7 +439,9 @@ def _fitted_here(args, out: Path, engine, frontend):
     if frontend is not None and delay is not None:
         # A lone request's first token can reach the client a hair before the server's own
         # prompt time says it should (measured here: -0.6 us, clock noise): no delay, not a negative one.
-        frontend = replace(frontend, delay_s=max(delay, 0.0))
+        # A server woken from idleness answers later than back to back (the profile's wake
+        # points; none in profiles taken before they were measured).
+        frontend = replace(frontend, delay_s=max(delay, 0.0), wake_s=wake_points(path))
         engine = replace(engine, frontend=frontend)
     return engine, frontend, probe_reference_s(read_rows(path)), path
 

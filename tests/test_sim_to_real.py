@@ -357,3 +357,32 @@ def test_simulate_contention_runs_both_models_from_a_replays_readings():
     busy = simulate_contention(batch, "round_robin", eng, 2, 0, dict(free, background_threads=3.0), "shared-host")
     assert list(busy) == ["shared-host"]
     assert episode_metrics(busy["shared-host"].table)["mean_e2e_s"] > 1.2 * alone
+
+
+def test_wake_points_come_from_the_profiles_wake_rows(tmp_path):
+    """``calibrate_llamacpp profile`` writes a lone request's TTFT after idleness less its TTFT
+    back to back as ``wake`` rows; they become the frontend's ``wake_s`` (back to back = 0 first),
+    and a profile without them (the committed one) gives none."""
+    import csv as _csv
+
+    from llm_lb_gym.experiments._llamacpp_profile import FIELDS, PROFILE_CSV, read_points, wake_points
+    from llm_lb_gym.sim.frontend import FrontendModel
+
+    assert wake_points(PROFILE_CSV) == ()
+    rows = list(_csv.DictReader(open(PROFILE_CSV)))
+    path = tmp_path / "p.csv"
+    with open(path, "w", newline="") as f:
+        w = _csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+        for g, e in ((3.0, 0.011), (0.2, 0.004), (10.0, -0.001)):
+            w.writerow(dict(phase="wake", label=f"wake idle {g:g} s", prefill_tokens=16, prefill_attn_pairs=0,
+                            decode_seqs=0, decode_ctx_tokens=0, wall_s=e, run_share=1.0, repeats=5, probe_s="nan"))
+    pts = wake_points(path)
+    assert pts == ((0.0, 0.0), (0.2, 0.004), (3.0, 0.011), (10.0, 0.0))
+    assert FrontendModel(wake_s=pts).wake_delay_s(1.6) == pytest.approx(0.0075)
+    assert len(read_points(path)) == len(read_points(PROFILE_CSV))   # the fit sees batch points only
+    with open(path, "a", newline="") as f:
+        f.write("wake,wake after a while,16,0,0,0,0.01,1.0,5,nan\n")
+    with pytest.raises(ValueError, match="wake idle <seconds> s"):
+        wake_points(path)
