@@ -391,7 +391,8 @@ def main(argv=None) -> dict:
                         row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
                                    sim_instance=int(tb.instance[i]), arrival_state=states[i])
             if args.repeats == 1:
-                lines += table(summary, routers, rate, common["speed_factor"])
+                lines += table(summary, routers, rate, common["speed_factor" if args.contention == "uniform"
+                                                              else "execution_factor"])
             per_repeat.append(summary)
         paired, verdict = paired_table(per_repeat, routers, rate)
         lines += paired + contention_table(per_repeat, routers)
