@@ -71,6 +71,56 @@ def bracket_reading_s(before, after) -> float:
     return float(np.median(pairs))
 
 
+CHECK_PROMPT_TOKENS = 64
+CHECK_OUTPUT_TOKENS = 32
+"""The server speed check's request: a prompt of 64 tokens (one iteration, compute-bound: the
+weights read once serve 64 tokens), then 31 decode steps of one stream (each reads every weight
+for one token: memory-bound on this CPU)."""
+
+
+def server_check_s(url: str, pid: int, model: str = "smollm2") -> tuple[float, float]:
+    """The server's own speed now: (seconds per prompt token, seconds per decode step of one
+    stream), from one request's ``timings`` (llama-server's own clock, no HTTP), each x the share
+    of the request the server's thread was on a CPU (schedstat of ``pid``: waits left out, as the
+    profile's points are). Run it with the server otherwise idle.
+
+    Why, beside :func:`probe_s`: the probe is a cache-resident matrix product and sweep; on this
+    VM the memory system's speed drifts apart from the cores' (docs/serving.md: beside a memory
+    hog a one-stream decode step +29%, the probe +10%, a 128 MB sweep +5%), and the one-stream
+    decode is the commonest step of a light load. No probe built so far behaved like it, so the
+    server is asked directly, with a request none of the compared ones is."""
+    import json
+    import urllib.request
+
+    from llm_lb_gym.serve.llamacpp_sim import schedstat_s
+
+    body = {"model": model, "prompt": " ".join(["tok"] * CHECK_PROMPT_TOKENS), "max_tokens": CHECK_OUTPUT_TOKENS,
+            "ignore_eos": True, "cache_prompt": False, "temperature": 0.0}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    before = schedstat_s(pid)
+    with urllib.request.urlopen(req, timeout=120) as r:
+        t = json.loads(r.read())["timings"]
+    after = schedstat_s(pid)
+    run, wait = after[0] - before[0], after[1] - before[1]
+    share = run / (run + wait) if run > 0 else 1.0
+    if int(t["prompt_n"]) != CHECK_PROMPT_TOKENS or int(t["predicted_n"]) != CHECK_OUTPUT_TOKENS:
+        raise RuntimeError(f"server check at {url}: {t['prompt_n']} prompt and {t['predicted_n']} generated tokens "
+                           f"where {CHECK_PROMPT_TOKENS} and {CHECK_OUTPUT_TOKENS} were asked (is cache_prompt "
+                           f"honoured?)")
+    return (float(t["prompt_ms"]) / 1e3 / CHECK_PROMPT_TOKENS * share,
+            float(t["predicted_ms"]) / 1e3 / CHECK_OUTPUT_TOKENS * share)
+
+
+def check_footing(prefill_s: float, decode_s: float, ref_prefill_s: float, ref_decode_s: float) -> tuple[float, float]:
+    """(compute factor, extra seconds per iteration) of a server check against a reference check:
+    prompts follow the cores (``prefill_s / ref_prefill_s``); what a one-stream decode step
+    changed beyond that is a cost per iteration (the weight read;
+    ``serve/llamacpp_sim.phase_scaled_latency`` says why)."""
+    compute = prefill_s / ref_prefill_s
+    return compute, decode_s - ref_decode_s * compute
+
+
 def best_probe_s(n: int = 5) -> float:
     """The least of ``n`` probes (the machine's speed at its least contended moment now)."""
     return min(probe_s() for _ in range(n))

@@ -24,11 +24,15 @@ from llm_lb_gym.sim.latency import LatencyModel
 PROFILE_CSV = Path(__file__).with_name("profiles") / "llamacpp_smollm2_135m_q4_1_1thread.csv"
 """The committed profile of this machine (one AVX2 core, llama-cpp-python 0.3.36's llama.cpp)."""
 FIELDS = ("phase", "label", "prefill_tokens", "prefill_attn_pairs", "decode_seqs", "decode_ctx_tokens",
-          "wall_s", "run_share", "repeats", "probe_s")
+          "wall_s", "run_share", "repeats", "probe_s", "check_prefill_s", "check_decode_s")
 """``wall_s``: the measured step time; ``run_share``: the share of the measurement during which
 the server's thread was on a CPU (``/proc/PID/schedstat``; the rest it waited for one, the
 machine being shared); ``probe_s``: the CPU probe bracketing the point's repeats (``_contention.bracket_reading_s``).
-The fit uses ``wall_s x run_share x min(probe_s) / probe_s``: the step on a quiet core of its own.
+``check_prefill_s`` / ``check_decode_s``: the server's own speed check bracketing the point
+(``_contention.server_check_s``; profiles before 2026-12-06 have none). The fit uses the step net
+of waits (``wall_s x run_share``) put on the profile's footing: with checks, at the median check
+speed of the profile (:func:`check_footing_s`: the cores' factor and the memory system's cost per
+iteration both removed); without, ``x min(probe_s) / probe_s``, on a quiet core of its own.
 Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time;
 phase ``wake`` rows (label ``wake idle <seconds> s``) its TTFT after that long idle less its TTFT
 back to back."""
@@ -43,6 +47,8 @@ class Measured:
     wall_s: float
     run_share: float
     probe_s: float = float("nan")
+    check_prefill_s: float = float("nan")
+    check_decode_s: float = float("nan")
 
 
 def write_points(points: Sequence[Measured], path: Path, repeats: int) -> None:
@@ -53,13 +59,15 @@ def write_points(points: Sequence[Measured], path: Path, repeats: int) -> None:
         for m in points:
             p = m.point
             w.writerow([p.phase, p.label, p.prefill_tokens, p.prefill_attn_pairs, p.decode_seqs,
-                        p.decode_ctx_tokens, f"{m.wall_s:.9f}", f"{m.run_share:.4f}", repeats, f"{m.probe_s:.9f}"])
+                        p.decode_ctx_tokens, f"{m.wall_s:.9f}", f"{m.run_share:.4f}", repeats, f"{m.probe_s:.9f}",
+                        f"{m.check_prefill_s:.9f}", f"{m.check_decode_s:.9f}"])
 
 
 def read_rows(path: Path | str = PROFILE_CSV) -> list[dict]:
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    needed = set(FIELDS) - {"probe_s"}   # profiles before issue 33 have no probe column
+    # profiles before issue 33 have no probe column, before 2026-12-06 no server checks
+    needed = set(FIELDS) - {"probe_s", "check_prefill_s", "check_decode_s"}
     if not rows or needed - set(rows[0]):
         raise ValueError(f"{path}: not a llama.cpp profile (columns {', '.join(FIELDS)} expected)")
     return rows
@@ -71,19 +79,61 @@ def probe_reference_s(rows: Sequence[dict]) -> float:
     return min(probes) if probes else float("nan")
 
 
-def read_points(path: Path | str = PROFILE_CSV) -> list[CalibrationPoint]:
-    """The profile's batch points, each with its net time (wall x CPU share x the probe's
-    least / its time at the point: on a quiet core of its own) as ``gpu_s``."""
+def _float(r: dict, key: str) -> float:
+    v = r.get(key)
+    return float(v) if v not in (None, "") else float("nan")
+
+
+def check_reference_s(rows: Sequence[dict]) -> tuple[float, float] | None:
+    """The profile's footing for server checks: the median (seconds per prompt token, seconds
+    per one-stream decode step) over its points; None if it has no checks (older profiles).
+    Why the median and not the least, as for the probe: a replay's check is divided by it, so
+    any fixed reference serves, and the median is the one a single odd check moves least."""
+    pairs = [(_float(r, "check_prefill_s"), _float(r, "check_decode_s")) for r in rows
+             if r["phase"] in ("prefill", "decode")]
+    pairs = [p for p in pairs if p[0] == p[0] and p[1] == p[1]]
+    if not pairs:
+        return None
+    return float(np.median([p[0] for p in pairs])), float(np.median([p[1] for p in pairs]))
+
+
+FOOTINGS = ("check", "probe")
+"""How a profile's points are put on one speed (``read_points``): by the server's own checks
+bracketing each point, or by the CPU probe's (``_contention.py``)."""
+
+
+def read_points(path: Path | str = PROFILE_CSV, footing: str | None = None) -> list[CalibrationPoint]:
+    """The profile's batch points, each with its net time (wall x CPU share) on the profile's
+    footing as ``gpu_s``: ``footing`` "check" (the default when the profile has server checks):
+    at the median check speed of the profile (the point's compute factor divided out and the
+    memory system's cost per iteration beyond it taken off, ``_contention.check_footing``);
+    "probe" (the default otherwise): x the probe's least / its time at the point, a quiet core."""
+    from llm_lb_gym.experiments._contention import check_footing
+
     rows = read_rows(path)
+    ref_check = check_reference_s(rows)
+    footing = footing or ("check" if ref_check else "probe")
+    if footing not in FOOTINGS:
+        raise ValueError(f"read_points: footing={footing!r}; allowed: {', '.join(FOOTINGS)}")
+    if footing == "check" and ref_check is None:
+        raise ValueError(f"{path}: footing 'check' needs the server checks (check_prefill_s, check_decode_s), "
+                         "which profiles written before 2026-12-06 lack; allowed: footing 'probe' for it")
     ref = probe_reference_s(rows)
 
-    def quiet(r) -> float:
-        probe = float(r.get("probe_s") or "nan")
-        return ref / probe if probe == probe and ref == ref else 1.0
+    def on_footing(r, net: float) -> float:
+        if footing == "check":
+            compute, extra = check_footing(_float(r, "check_prefill_s"), _float(r, "check_decode_s"), *ref_check)
+            if net - extra <= 0:
+                raise ValueError(f"{path}: point {r['label']!r} took {net * 1e3:.2f} ms, less than the "
+                                 f"{extra * 1e3:.2f} ms per iteration its server checks add to the profile's "
+                                 "footing: the checks and the point disagree; allowed: footing 'probe'")
+            return (net - extra) / compute
+        probe = _float(r, "probe_s")
+        return net * (ref / probe if probe == probe and ref == ref else 1.0)
 
     return [CalibrationPoint(r["phase"], r["label"], int(r["prefill_tokens"]), int(r["prefill_attn_pairs"]),
                              int(r["decode_seqs"]), int(r["decode_ctx_tokens"]),
-                             float(r["wall_s"]) * float(r["run_share"]) * quiet(r), 0.0, 0.0)
+                             on_footing(r, float(r["wall_s"]) * float(r["run_share"])), 0.0, 0.0)
             for r in rows if r["phase"] in ("prefill", "decode")]
 
 

@@ -54,11 +54,11 @@ import numpy as np
 
 from llm_lb_gym.calibration.calibrate import predicted_s, rounded
 from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
-from llm_lb_gym.experiments._contention import bracket_reading_s, probe_s
+from llm_lb_gym.experiments._contention import bracket_reading_s, probe_s, server_check_s
 from llm_lb_gym.experiments._llamacpp_profile import (  # the fit lives there: sim_to_real --profile fits too
     FIT_TERMS, LlamaCppFit, fit,
-    FIELDS, PROFILE_CSV, Measured, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points,
-    write_points)
+    FIELDS, FOOTINGS, PROFILE_CSV, Measured, check_reference_s, frontend_delay_s, probe_reference_s, read_points,
+    read_rows, wake_points, write_points)
 from llm_lb_gym.sim.latency import causal_pairs
 
 PREFILL_PROMPTS = (8, 16, 32, 64, 128, 192, 256, 384, 512)
@@ -155,6 +155,14 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
         probes[1].clear()
         return r
 
+    checks = [server_check_s(url, pid, model)]   # the server's own speed, between points
+
+    def checked() -> tuple[float, float]:
+        """The server check bracketing the point just measured (the lesser of the one before and
+        the one after it, per component: ``bracket_reading_s``, as a replay reads its checks)."""
+        checks.append(server_check_s(url, pid, model))
+        return tuple(bracket_reading_s([a], [b]) for a, b in zip(checks[-2], checks[-1]))
+
     # A fresh connection per request: llama-server may close an idle keep-alive connection, and a
     # reused closed one fails the next request ("Server disconnected").
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True),
@@ -168,20 +176,21 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
         for p in PREFILL_PROMPTS:
             runs = [await timed(_prefill_s(client, url, model, p)) for _ in range(repeats)]
             s, share = _median_net(runs)
-            probe = reading()
+            probe, check = reading(), checked()
             points.append(Measured(CalibrationPoint("prefill", f"prefill {p}", p, causal_pairs(p), 0, 0, s * share,
-                                                    0.0, 0.0), s, share, probe))
-            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it, probe {probe * 1e3:.2f} ms)")
+                                                    0.0, 0.0), s, share, probe, *check))
+            log(f"  prefill {p:>4} tokens: {s * 1e3:8.1f} ms (on a CPU {share:.0%} of it, probe {probe * 1e3:.2f} ms, "
+                f"check {check[0] * 1e3:.2f} ms per prompt token, {check[1] * 1e3:.2f} ms per decode step)")
         for prompt in DECODE_PROMPTS:
             for b in DECODE_BATCHES:
                 runs = [await timed(_decode_step(client, url, model, b, prompt, DECODE_TOKENS)) for _ in range(repeats)]
                 ctx = int(np.median([r[0][1] for r in runs]))
                 s, share = _median_net([(r[0][0], r[1]) for r in runs])
-                probe = reading()
+                probe, check = reading(), checked()
                 points.append(Measured(CalibrationPoint("decode", f"decode B={b} ctx~{ctx // b}", 0, 0, b, ctx,
-                                                        s * share, 0.0, 0.0), s, share, probe))
+                                                        s * share, 0.0, 0.0), s, share, probe, *check))
                 log(f"  decode B={b} context {ctx // b:>4}/seq: {s * 1e3:8.1f} ms per step (on a CPU {share:.0%}, "
-                    f"probe {probe * 1e3:.2f} ms)")
+                    f"probe {probe * 1e3:.2f} ms, check {check[0] * 1e3:.2f} / {check[1] * 1e3:.2f} ms)")
         excess = []
         for _ in range(FRONTEND_REPEATS):
             prompt_s = await _prefill_s(client, url, model, FRONTEND_PROMPT)
@@ -255,6 +264,10 @@ def main(argv: Sequence[str] | None = None) -> LlamaCppFit | None:
     pr.add_argument("--repeats", type=int, default=REPEATS)
     ft = sub.add_parser("fit", help="fit the latency model to a profile CSV")
     ft.add_argument("csv", nargs="?", type=Path, default=PROFILE_CSV)
+    for p in (pr, ft):
+        p.add_argument("--footing", choices=FOOTINGS, default=None,
+                       help="how the points are put on one speed: the server's own checks around each point "
+                            "(default when the profile has them) or the CPU probe's")
     args = ap.parse_args(argv)
     if args.cmd == "profile":
         from llm_lb_gym.serve import llamacpp
@@ -274,10 +287,24 @@ def main(argv: Sequence[str] | None = None) -> LlamaCppFit | None:
         src = args.out
     else:
         src = args.csv
-    result = fit(read_points(src))
-    print(f"fit of {src} (relative-error NNLS of {', '.join(FIT_TERMS)}; times net of CPU waits and of the probe's "
-          f"slowdown, reference probe {probe_reference_s(read_rows(src)) * 1e3:.2f} ms):")
+    rows = read_rows(src)
+    ref_check = check_reference_s(rows)
+    footing = args.footing or ("check" if ref_check else "probe")
+    try:
+        result = fit(read_points(src, footing))
+    except ValueError as e:
+        raise SystemExit(f"calibrate_llamacpp: {e}") from None
+    on = (f"at the profile's median server check, {ref_check[0] * 1e3:.2f} ms per prompt token and "
+          f"{ref_check[1] * 1e3:.2f} ms per one-stream decode step" if footing == "check" else
+          f"on the probe's least, {probe_reference_s(rows) * 1e3:.2f} ms")
+    print(f"fit of {src} (relative-error NNLS of {', '.join(FIT_TERMS)}; times net of CPU waits, footing "
+          f"{footing}: {on}):")
     report(result)
+    if ref_check and footing == "check":   # what the footing buys: the same points on the probe's footing
+        other = fit(read_points(src, "probe"))
+        for phase in ("prefill", "decode"):
+            e = np.abs(other.rel_errors(phase, rounded(other.model)))
+            print(f"  (footing probe instead: {phase} median / max |rel err| {np.median(e):.1%} / {e.max():.1%})")
     delay = frontend_delay_s(src)
     if delay is not None:
         print(f"  frontend (llamacpp-server): delay_s={delay:.4g} (a lone request's streamed first token beyond "

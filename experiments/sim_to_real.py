@@ -46,9 +46,10 @@ import numpy as np
 
 from llm_lb_gym.calibration.calibrate import rounded
 from llm_lb_gym.experiments._cli_args import key_values
-from llm_lb_gym.experiments._contention import ProbeSampler, bracket_reading_s, probe_s
+from llm_lb_gym.experiments._contention import (
+    ProbeSampler, bracket_reading_s, check_footing, probe_s, server_check_s)
 from llm_lb_gym.experiments._llamacpp_profile import (
-    fit, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points)
+    FOOTINGS, check_reference_s, fit, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points)
 
 STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -93,6 +94,12 @@ def parser() -> argparse.ArgumentParser:
                          "among the busy servers and the other runnable threads measured over each replay, every "
                          "time term x the idle probe's execution slowdown), 'uniform' (every time term x the servers' "
                          "measured waits x the probe: one slowdown per replay); both are simulated and compared")
+    ap.add_argument("--footing", choices=FOOTINGS, default=None,
+                    help="how a replay's execution speed is read against the profile's: 'check' (default when the "
+                         "profile has server checks: each server's own prompt and one-stream decode speed, checked "
+                         "idle around the replay: the cores' factor x every term, the memory system's change as a "
+                         "cost per iteration), 'probe' (the CPU probe's factor x every term); with 'check' the "
+                         "probe is simulated too, for comparison")
     ap.add_argument("--out", default="runs/sim_to_real")
     return ap
 
@@ -215,7 +222,12 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     measure the same thing, the machine's speed apart from the servers themselves. Sampled
     during the replay, the probe also reads the servers' own load on the cores and their
     memory: in package 0.7.0 it read x2.4-2.6 against x1.6 from a probe taken alone, and the
-    correction overshot (docs/serving.md). Both are reported."""
+    correction overshot (docs/serving.md). Both are reported.
+
+    ``check``: the servers' own speed, checked idle around the replay (``_contention.
+    server_check_s``: seconds per prompt token, per one-stream decode step; ``bracket_reading_s``
+    of :data:`IDLE_CHECKS` before and after), which ``--footing check`` reads against the
+    profile's checks."""
 
     from llm_lb_gym.serve import llamacpp
     from llm_lb_gym.serve.llamacpp_sim import background_threads, schedstat_s, slowdown, threads_runnable_s
@@ -228,6 +240,7 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
         asyncio.run(warm_up([s.url for s in servers]))
         url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
         idle_before = [probe_s() for _ in range(IDLE_PROBES)]
+        checks_before = _server_checks(servers)
         compute = {s.proc.pid for s in servers}   # with -t 1 a server computes on its main thread
         before = [schedstat_s(s.proc.pid) for s in servers]
         others, t0 = threads_runnable_s(compute), time.monotonic()
@@ -237,13 +250,25 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
         background = background_threads(others, threads_runnable_s(compute), time.monotonic() - t0)
         waits = slowdown(before, [schedstat_s(s.proc.pid) for s in servers])
         idle_after = [probe_s() for _ in range(IDLE_PROBES)]
+        checks_after = _server_checks(servers)
+        check = tuple(bracket_reading_s([c[i] for c in checks_before], [c[i] for c in checks_after]) for i in (0, 1))
         return res, dict(waits=waits, background=background, probe=bracket_reading_s(idle_before, idle_after),
-                         probe_during=during.median_s())
+                         probe_during=during.median_s(), check=check)
     finally:
         if proc is not None:
             proc.kill()
             proc.wait()
         llamacpp.stop_servers(servers)
+
+
+IDLE_CHECKS = 3
+"""Server checks (``_contention.server_check_s``) before and after each replay, the servers taking
+turns, all idle (paired by ``bracket_reading_s``, as the probes are)."""
+
+
+def _server_checks(servers) -> list[tuple[float, float]]:
+    return [server_check_s(servers[i % len(servers)].url, servers[i % len(servers)].proc.pid)
+            for i in range(IDLE_CHECKS)]
 
 
 async def warm_up(urls) -> None:
@@ -264,7 +289,15 @@ def ranking(summary: dict, routers, key: str, suffix: str) -> list[str]:
     return sorted(routers, key=lambda r: summary[r + suffix][key])
 
 
-def table(summary: dict, routers, rate: float, common: float) -> list[str]:
+def _speed_label(common: dict, footing: str, contention: str) -> str:
+    """How the one-speed simulation was scaled, for the ranking lines."""
+    waits = f"x{common['waits_factor']:.2f} (waits) " if contention == "uniform" else ""
+    if footing == "check":
+        return f"{waits}x{common['check_compute_factor']:.2f} {common['check_extra_s'] * 1e3:+.2f} ms per iteration"
+    return f"{waits}x{common['execution_factor']:.2f}"
+
+
+def table(summary: dict, routers, rate: float, common: str) -> list[str]:
     """Served; simulated at the replay's measured slowdown; simulated as profiled (a core of its
     own); per router, with simulated / served - 1 of the means; then the rankings."""
     head = "| router | " + " | ".join(s.replace("_s", " (s)").replace("_", " ") for s in STATS) + \
@@ -284,7 +317,7 @@ def table(summary: dict, routers, rate: float, common: float) -> list[str]:
     lines.append("")
     for key in ("mean_e2e_s", "mean_ttft_s"):
         a = ranking(summary, routers, key, "")
-        for suffix, what in ((" (sim)", "simulated"), (" (sim, one speed)", f"simulated at one speed x{common:.2f}")):
+        for suffix, what in ((" (sim)", "simulated"), (" (sim, one speed)", f"simulated at one speed {common}")):
             b = ranking(summary, routers, key, suffix)
             lines.append(f"ranking by {key}: served {' < '.join(a)}; {what} {' < '.join(b)}: "
                          f"{'same' if a == b else 'DIFFERENT'}  ")
@@ -333,13 +366,21 @@ def main(argv=None) -> dict:
         raise SystemExit(f"sim_to_real: --repeats={args.repeats}; allowed: >= 1")
     frontend = None if args.frontend in ("none", "") else resolve_frontend(args.frontend, "--frontend")
     engine = replace(engine, frontend=frontend)
-    probe_ref = probe_reference_s(read_rows())
+    probe_ref, check_ref, engines = probe_reference_s(read_rows()), None, {"probe": engine}
     if args.profile:
-        engine, frontend, probe_ref, profile_csv = _fitted_here(args, out, engine, frontend)
+        engines, frontend, probe_ref, check_ref, profile_csv = _fitted_here(args, out, engine, frontend)
         lines[-1:] = [f"simulator latency: the fit of {profile_csv} (profiled "
                       f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
+    footing = args.footing or ("check" if check_ref else "probe")
+    if footing == "check" and check_ref is None:
+        raise SystemExit("sim_to_real: --footing check needs a profile with server checks (--profile here, or a CSV "
+                         "written by calibrate_llamacpp profile since 2026-12-06); allowed: --footing probe")
+    engine = engines[footing]
     lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
-                  f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)", ""]
+                  f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)"
+                  + (f"; server check reference {check_ref[0] * 1e3:.2f} ms per prompt token, {check_ref[1] * 1e3:.2f} "
+                     f"ms per one-stream decode step (the profile's medians)" if check_ref else "")
+                  + f"; footing {footing}", ""]
     rows, report = [], {}
     for rate in _rates(args.rates):
         per_repeat = []
@@ -354,32 +395,39 @@ def main(argv=None) -> dict:
                 res, got = replay_real(args, batch, router, slot, preset)
                 wall = time.monotonic() - t0
                 execution = got["probe"] / probe_ref if probe_ref == probe_ref else 1.0
+                compute, extra = check_footing(*got["check"], *check_ref) if check_ref else (float("nan"), float("nan"))
                 summary[router] = dict(summarize(res), load_before=load0, load_after=os.getloadavg()[0],
                                        waits_factor=got["waits"], execution_factor=execution,
                                        speed_factor=got["waits"] * execution, background_threads=got["background"],
                                        probe_during_factor=got["probe_during"] / probe_ref if probe_ref == probe_ref else 1.0,
-                                       wall_s=wall)
+                                       check_prefill_s=got["check"][0], check_decode_s=got["check"][1],
+                                       check_compute_factor=compute, check_extra_s=extra, wall_s=wall)
                 summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, rep_args.seed)
                 rows += [dict(rate_rps=rate, repeat=k, router=router, **r.__dict__) for r in res]
+                check_text = (f"; check x{compute:.2f} {extra * 1e3:+.2f} ms per iteration ({got['check'][0] * 1e3:.2f} ms "
+                              f"per prompt token, {got['check'][1] * 1e3:.2f} ms per decode step)" if check_ref else "")
                 print(f"{rate:g} req/s repeat {k} {router}: {summary[router]['errors']:.0f} errors of {len(res)}, "
                       f"{wall:.0f} s, load average {load0:.1f} -> {summary[router]['load_after']:.1f}, "
                       f"{got['background']:.2f} other runnable threads, slowdown x{got['waits']:.2f} (waits) x "
                       f"{execution:.2f} (probe, servers idle; x{summary[router]['probe_during_factor']:.2f} during the "
-                      f"replay) = x{summary[router]['speed_factor']:.2f}; mean E2E served "
+                      f"replay) = x{summary[router]['speed_factor']:.2f}{check_text}; mean E2E served "
                       f"{summary[router]['mean_e2e_s']:.3f} s", file=sys.stderr, flush=True)
             # Each replay is simulated with what was measured over it, under both contention
             # models; the routers also at one speed (the medians), the ranking a machine of
             # fixed speed gives.
             common = {key: float(np.median([summary[r][key] for r in routers]))
-                      for key in ("speed_factor", "execution_factor", "background_threads")}
+                      for key in ("speed_factor", "execution_factor", "background_threads", "waits_factor",
+                                  "check_compute_factor", "check_extra_s")}
             for router in routers:
-                clusters = simulate_contention(batch, router, engine, args.servers, rep_args.seed, summary[router])
+                clusters = simulate_contention(batch, router, engines, footing, args.servers, rep_args.seed,
+                                               summary[router])
                 for model, cluster in clusters.items():
                     summary[f"{router} (sim, {model})"] = episode_metrics(cluster.table)
                 shared = clusters["shared-host"]
                 summary[router]["predicted_waits"] = sum(shared.busy_real_s) / max(sum(shared.busy_work_s), 1e-12)
                 summary[router + " (sim)"] = summary[f"{router} (sim, {args.contention})"]
-                one = simulate_contention(batch, router, engine, args.servers, rep_args.seed, common, args.contention)
+                one = simulate_contention(batch, router, engines, footing, args.servers, rep_args.seed, common,
+                                          args.contention)
                 summary[router + " (sim, one speed)"] = episode_metrics(one[args.contention].table)
                 tb = clusters[args.contention].table
                 first = np.asarray(tb.seen_first_token_s if tb.frontends else tb.first_token_s)
@@ -391,8 +439,7 @@ def main(argv=None) -> dict:
                         row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
                                    sim_instance=int(tb.instance[i]), arrival_state=states[i])
             if args.repeats == 1:
-                lines += table(summary, routers, rate, common["speed_factor" if args.contention == "uniform"
-                                                              else "execution_factor"])
+                lines += table(summary, routers, rate, _speed_label(common, footing, args.contention))
             per_repeat.append(summary)
         paired, verdict = paired_table(per_repeat, routers, rate)
         lines += paired + contention_table(per_repeat, routers)
@@ -420,13 +467,15 @@ profile beside a training job."""
 
 
 def _fitted_here(args, out: Path, engine, frontend):
-    """The engine, frontend, probe reference and CSV of a profile of this machine (``--profile``).
+    """The engines per footing (``FOOTINGS``: "probe" always, "check" where the profile has
+    server checks), frontend, probe and check references and CSV of a profile of this machine
+    (``--profile``).
 
     Why: the VMs this runs on differ in speed from session to session (in package 0.7.0 the CPU
     probe alone took 6.2 ms on one against the shipped profile's 3.8 ms), and no correction
     measured during a replay removes a difference that was there before it: a profile taken on
     the machine itself, just before the replays, leaves only the contention that changes during
-    the run to the waits x probe correction."""
+    the run to the correction."""
     if args.profile == "here":
         path = out / "profile.csv"
         # The profile command, run as a user runs it (entry points do not import each other).
@@ -435,7 +484,8 @@ def _fitted_here(args, out: Path, engine, frontend):
                         "--repeats", str(PROFILE_REPEATS)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     else:
         path = Path(args.profile)   # checked to exist by main
-    engine = replace(engine, latency=rounded(fit(read_points(path)).model))
+    rows = read_rows(path)
+    check_ref = check_reference_s(rows)
     delay = frontend_delay_s(path)
     if frontend is not None and delay is not None:
         # A lone request's first token can reach the client a hair before the server's own
@@ -444,48 +494,73 @@ def _fitted_here(args, out: Path, engine, frontend):
         # points; none in profiles taken before they were measured).
         frontend = replace(frontend, delay_s=max(delay, 0.0), wake_s=wake_points(path))
         engine = replace(engine, frontend=frontend)
-    return engine, frontend, probe_reference_s(read_rows(path)), path
+    engines = {}
+    for footing in FOOTINGS if check_ref else ("probe",):
+        try:
+            engines[footing] = replace(engine, latency=rounded(fit(read_points(path, footing)).model))
+        except ValueError as e:
+            raise SystemExit(f"sim_to_real: --profile: {e}") from None
+    return engines, frontend, probe_reference_s(rows), check_ref, path
 
 
-def simulate_contention(batch, router: str, engine, n: int, seed: int, got: dict, only: str | None = None) -> dict:
+def simulate_contention(batch, router: str, engines: dict, footing: str, n: int, seed: int, got: dict,
+                        only: str | None = None) -> dict:
     """One replay simulated under each contention model (``CONTENTION``, or ``only`` that one)
-    from its readings ``got`` (``speed_factor`` = waits x probe, ``execution_factor``,
-    ``background_threads``): name -> finished cluster.
+    from its readings ``got`` (``waits_factor``, ``execution_factor`` (probe),
+    ``check_compute_factor`` and ``check_extra_s`` (server checks), ``background_threads``) with
+    the engine of ``footing`` (``engines``: footing -> engine config, each fitted on its own
+    footing): name -> finished cluster. With footing "check" and no ``only``, also the shared
+    host on the probe's footing ("shared-host, probe"), so both readings meet the same replays.
 
-    Why two: the uniform correction scales every iteration by the slowdown averaged over the
-    replay, while a server computes slower exactly when the other server does (on two cores, with
-    anything else runnable, they share them); the shared host (``sim/shared_host.py``) models
-    that moment by moment from the machine's cores and the other threads' mean demand, and leaves
-    the servers' waits to be predicted (``predicted_waits``) instead of read."""
-    from llm_lb_gym.serve.llamacpp_sim import scaled_latency
+    Why two contention models: the uniform correction scales every iteration by the slowdown
+    averaged over the replay, while a server computes slower exactly when the other server does
+    (on two cores, with anything else runnable, they share them); the shared host
+    (``sim/shared_host.py``) models that moment by moment from the machine's cores and the other
+    threads' mean demand, and leaves the servers' waits to be predicted (``predicted_waits``)
+    instead of read."""
+    from llm_lb_gym.serve.llamacpp_sim import phase_scaled_latency, scaled_latency
     from llm_lb_gym.sim.shared_host import SharedHost
 
-    base = engine.latency_model
+    def executed(f: str, waits: float):
+        base = engines[f].latency_model
+        lat = (phase_scaled_latency(base, got["check_compute_factor"] * waits, got["check_extra_s"] * waits)
+               if f == "check" else scaled_latency(base, got["execution_factor"] * waits))
+        return replace(engines[f], latency=lat)
+
+    host = SharedHost(cores=float(len(os.sched_getaffinity(0))), background_threads=got["background_threads"])
     out = {}
     if only in (None, "shared-host"):
-        host = SharedHost(cores=float(len(os.sched_getaffinity(0))), background_threads=got["background_threads"])
-        eng = replace(engine, latency=scaled_latency(base, got["execution_factor"]))
-        out["shared-host"] = simulate_cluster(batch, router, eng, n, seed, host)
+        out["shared-host"] = simulate_cluster(batch, router, executed(footing, 1.0), n, seed, host)
     if only in (None, "uniform"):
-        eng = replace(engine, latency=scaled_latency(base, got["speed_factor"]))
-        out["uniform"] = simulate_cluster(batch, router, eng, n, seed)
+        out["uniform"] = simulate_cluster(batch, router, executed(footing, got["waits_factor"]), n, seed)
+    if only is None and footing == "check":
+        out["shared-host, probe"] = simulate_cluster(batch, router, executed("probe", 1.0), n, seed, host)
     return out
 
 
 def contention_table(per_repeat: list[dict], routers) -> list[str]:
-    """Both contention models against the served means over the repeats of one load, with the
-    servers' waits measured (schedstat) and as the shared host predicts them."""
-    lines = ["the two contention models (sim/served - 1 of the means over the repeats):", "",
-             "| router | mean E2E, shared host | uniform | mean TTFT, shared host | uniform | "
-             "waits measured | predicted (shared host) | other runnable threads |", "|---|---|---|---|---|---|---|---|"]
+    """Every contention model simulated (both, and the shared host on the probe's footing where
+    the run's footing is the server checks) against the served means over the repeats of one
+    load, with the servers' waits measured (schedstat) and as the shared host predicts them, and
+    the execution readings (the probe's factor; the checks' factor and cost per iteration)."""
+    first = per_repeat[0][routers[0]]
+    models = [m for m in (*CONTENTION, "shared-host, probe") if f"{routers[0]} (sim, {m})" in per_repeat[0]]
+    names = " | ".join(m.replace("-", " ") for m in models)
+    checked = first.get("check_compute_factor", float("nan")) == first.get("check_compute_factor", float("nan"))
+    lines = ["the contention models (sim/served - 1 of the means over the repeats):", "",
+             f"| router | mean E2E: {names} | mean TTFT: {names} | waits measured | predicted (shared host) | "
+             "other runnable threads | probe factor |" + (" check factor, ms per iteration |" if checked else ""),
+             "|---|" + "---|" * (2 * len(models) + 4 + checked)]
     for r in routers:
         def mean(suffix, key):
             return float(np.mean([s[r + suffix][key] for s in per_repeat]))
         cells = []
         for key in ("mean_e2e_s", "mean_ttft_s"):
-            cells += [f"{mean(f' (sim, {m})', key) / mean('', key) - 1:+.1%}" for m in CONTENTION]
+            cells += [f"{mean(f' (sim, {m})', key) / mean('', key) - 1:+.1%}" for m in models]
         lines.append(f"| {r} | {' | '.join(cells)} | x{mean('', 'waits_factor'):.2f} | "
-                     f"x{mean('', 'predicted_waits'):.2f} | {mean('', 'background_threads'):.2f} |")
+                     f"x{mean('', 'predicted_waits'):.2f} | {mean('', 'background_threads'):.2f} | "
+                     f"x{mean('', 'execution_factor'):.2f} |"
+                     + (f" x{mean('', 'check_compute_factor'):.2f} {mean('', 'check_extra_s') * 1e3:+.2f} |" if checked else ""))
     return lines + [""]
 
 

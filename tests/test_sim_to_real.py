@@ -110,6 +110,64 @@ def test_scaled_latency_multiplies_every_time_term():
         scaled_latency(lat, 0.0)
 
 
+def test_phase_scaled_latency_scales_the_cores_and_adds_the_memory_systems_cost_per_iteration():
+    from llm_lb_gym.serve.llamacpp_sim import phase_scaled_latency, scaled_latency
+
+    lat = get_preset("smollm2-135m-llamacpp-cpu").latency
+    s = phase_scaled_latency(lat, 1.2, 0.002)
+    for kw in ({"decode_seqs": 1, "decode_ctx_tokens": 40}, {"decode_seqs": 4, "decode_ctx_tokens": 400},
+               {"prefill_tokens": 64, "prefill_attn_pairs": 64 * 65 // 2, "prefill_seqs": 1}):
+        assert s.iteration_s(**kw) == pytest.approx(1.2 * lat.iteration_s(**kw) + 0.002, rel=1e-12)
+    assert phase_scaled_latency(lat, 1.5, 0.0) == scaled_latency(lat, 1.5)
+    assert phase_scaled_latency(lat, 1.0, -1.0).base_s == 1e-6   # time off an iteration stops at the floor
+    with pytest.raises(ConfigError, match="compute factor"):
+        phase_scaled_latency(lat, 0.0, 0.0)
+
+
+def test_check_footing_reads_the_cores_from_prompts_and_the_rest_of_the_decode_change_per_iteration():
+    from llm_lb_gym.experiments._contention import check_footing
+
+    assert check_footing(0.005, 0.008, 0.005, 0.008) == (1.0, 0.0)
+    compute, extra = check_footing(0.006, 0.0126, 0.005, 0.008)   # cores x1.2; decode 9.6 -> 12.6 ms
+    assert compute == pytest.approx(1.2) and extra == pytest.approx(0.003)
+
+
+def test_a_profile_with_server_checks_is_put_on_its_median_checks_footing(tmp_path):
+    """Points measured while the machine drifted (each with the server checks around it) come
+    back on one footing: a known model's times, drifted by each point's checks, are recovered
+    exactly; the probe's footing is still there on request; a profile without checks refuses the
+    checks' footing by name."""
+    from llm_lb_gym.experiments._llamacpp_profile import check_reference_s
+
+    truth = get_preset("smollm2-135m-llamacpp-cpu").latency
+    pts = cl.read_points()
+    rng = np.random.default_rng(0)
+    ref = (0.005, 0.009)
+    measured = []
+    for p in pts:
+        compute, extra = rng.uniform(0.8, 1.3), rng.uniform(-0.0015, 0.004)
+        check = (ref[0] * compute, ref[1] * compute + extra)
+        t = cl.predicted_s(truth, p) * compute + extra
+        measured.append(cl.Measured(p, t, 1.0, 0.004, *check))
+    path = tmp_path / "p.csv"
+    cl.write_points(measured, path, 3)
+    got_ref = check_reference_s(cl.read_rows(path))
+    back = cl.read_points(path)
+    from llm_lb_gym.experiments._contention import check_footing
+    for p, m, b in zip(pts, measured, back):
+        compute, extra = check_footing(m.check_prefill_s, m.check_decode_s, *got_ref)
+        assert b.gpu_s == pytest.approx((m.wall_s - extra) / compute, rel=1e-6)
+    # On that footing they are one model's times (the truth on the median check's speed), so
+    # the fit misses none of them; on the probe's footing the drift stays in.
+    assert np.abs(cl.fit(back).rel_errors()).max() < 1e-5
+    assert np.abs(cl.fit(cl.read_points(path, "probe")).rel_errors()).max() > 0.05
+    assert [b.gpu_s for b in cl.read_points(path, "probe")] == pytest.approx([m.wall_s for m in measured], rel=1e-6)
+    with pytest.raises(ValueError, match="footing 'check' needs the server checks"):
+        cl.read_points(cl.PROFILE_CSV, "check")
+    with pytest.raises(ValueError, match="footing='nope'; allowed: check, probe"):
+        cl.read_points(path, "nope")
+
+
 # --------------------------------------------------------------------------- the preset and its fit
 
 
@@ -200,7 +258,7 @@ def test_table_reports_ratios_and_rankings():
                "a (sim, one speed)": s(2.0, 0.1),
                "b": s(3.0, 0.3), "b (sim)": s(2.7, 0.05), "b (sim, as profiled)": s(1.5, 0.1),
                "b (sim, one speed)": s(3.0, 0.2)}
-    text = "\n".join(table(summary, ["a", "b"], 0.5, 2.0))
+    text = "\n".join(table(summary, ["a", "b"], 0.5, "x2.00"))
     assert "| a (sim) | 2.200 |" in text and "+10.0% | -50.0%" in text and "-10.0% | -83.3%" in text
     assert "ranking by mean_e2e_s: served a < b; simulated a < b: same" in text
     assert "ranking by mean_ttft_s: served a < b; simulated b < a: DIFFERENT" in text
@@ -328,12 +386,13 @@ def test_contention_table_sets_both_models_and_the_predicted_waits_side_by_side(
 
     def rep(e, t, sh, un, waits, pred):
         return {"a": {"mean_e2e_s": e, "mean_ttft_s": t, "waits_factor": waits, "predicted_waits": pred,
-                      "background_threads": 1.0},
+                      "background_threads": 1.0, "execution_factor": 0.9, "check_compute_factor": float("nan")},
                 "a (sim, shared-host)": {"mean_e2e_s": e * sh, "mean_ttft_s": t * sh},
                 "a (sim, uniform)": {"mean_e2e_s": e * un, "mean_ttft_s": t * un}}
 
     text = "\n".join(contention_table([rep(1.0, 0.1, 1.1, 0.8, 1.2, 1.25), rep(1.0, 0.1, 1.1, 0.8, 1.4, 1.35)], ["a"]))
-    assert "| a | +10.0% | -20.0% | +10.0% | -20.0% | x1.30 | x1.30 | 1.00 |" in text
+    assert "| a | +10.0% | -20.0% | +10.0% | -20.0% | x1.30 | x1.30 | 1.00 | x0.90 |" in text
+    assert "check factor" not in text   # a run on the probe's footing has no checks to show
 
 
 def test_simulate_contention_runs_both_models_from_a_replays_readings():
@@ -346,17 +405,27 @@ def test_simulate_contention_runs_both_models_from_a_replays_readings():
     batch = make_workload("task_mix", max_context_tokens=1024, rate_rps=1.5, length_scale=0.2,
                           max_prompt_tokens=200).sample(np.random.default_rng(1), 30)
     eng = llamacpp_engine_config(4, 4096)
-    free = {"speed_factor": 1.0, "execution_factor": 1.0, "background_threads": 0.0}
+    free = {"waits_factor": 1.0, "execution_factor": 1.0, "background_threads": 0.0,
+            "check_compute_factor": 1.0, "check_extra_s": 0.0}
     alone = simulate(batch, "round_robin", eng, 2, 0)["mean_e2e_s"]
-    both = simulate_contention(batch, "round_robin", eng, 2, 0, free)
+    both = simulate_contention(batch, "round_robin", {"probe": eng}, "probe", 2, 0, free)
     assert set(both) == {"shared-host", "uniform"}
     from llm_lb_gym.sim.metrics import episode_metrics
     if len(os.sched_getaffinity(0)) >= 2:
         assert episode_metrics(both["shared-host"].table)["mean_e2e_s"] == pytest.approx(alone, rel=1e-9)
     assert episode_metrics(both["uniform"].table)["mean_e2e_s"] == pytest.approx(alone, rel=1e-12)
-    busy = simulate_contention(batch, "round_robin", eng, 2, 0, dict(free, background_threads=3.0), "shared-host")
+    busy = simulate_contention(batch, "round_robin", {"probe": eng}, "probe", 2, 0, dict(free, background_threads=3.0),
+                               "shared-host")
     assert list(busy) == ["shared-host"]
     assert episode_metrics(busy["shared-host"].table)["mean_e2e_s"] > 1.2 * alone
+    # On the checks' footing the probe's shared host runs beside it; unit readings change nothing,
+    # and a slower memory system (a cost per iteration) slows every request.
+    three = simulate_contention(batch, "round_robin", {"probe": eng, "check": eng}, "check", 2, 0, free)
+    assert set(three) == {"shared-host", "uniform", "shared-host, probe"}
+    assert episode_metrics(three["uniform"].table)["mean_e2e_s"] == pytest.approx(alone, rel=1e-12)
+    slow = simulate_contention(batch, "round_robin", {"check": eng}, "check", 2, 0, dict(free, check_extra_s=0.003),
+                               "uniform")
+    assert episode_metrics(slow["uniform"].table)["mean_e2e_s"] > 1.05 * alone
 
 
 def test_wake_points_come_from_the_profiles_wake_rows(tmp_path):

@@ -74,6 +74,29 @@ def scaled_latency(lat, factor: float):
     return replace(out, token_segments=tuple((k, p * factor) for k, p in lat.token_segments))
 
 
+def phase_scaled_latency(lat, compute_factor: float, extra_iteration_s: float):
+    """``lat`` with every time term x ``compute_factor`` and then ``extra_iteration_s`` added to
+    every iteration (``base_s``; negative takes time off, down to ``base_s``'s floor of 1 us).
+
+    Why two numbers, not one factor: on this VM the speed of the shared memory system drifts
+    apart from the cores' (two quiet profiles 86 min apart: prefill x0.78-0.87, a one-stream
+    decode step x0.54-0.60; beside a memory hog a one-stream decode step +29%, a 64-token prompt
+    +7%, four streams +5%; docs/serving.md). A decode step of one stream reads every weight
+    (~90 MB) once per iteration and computes one token; a prompt reuses those reads across its
+    tokens. So the weight read is a cost per iteration that follows the memory system, and the
+    rest follows the cores. The two are read off the server itself (``experiments/_contention.
+    server_check_s``: a prompt's time per token, ``compute_factor`` against the profile's, and
+    a one-stream decode step, whose change beyond ``compute_factor`` is ``extra_iteration_s``)."""
+    from dataclasses import replace
+
+    from .._validate import check_range
+
+    check_range("compute factor", compute_factor, 0.0, 1e3, lo_open=True)
+    check_range("extra iteration time", extra_iteration_s, -10.0, 10.0)
+    out = scaled_latency(lat, compute_factor)
+    return replace(out, base_s=max(out.base_s + extra_iteration_s, 1e-6))
+
+
 def schedstat_s(pid: int) -> tuple[float, float]:
     """(seconds on a CPU, seconds runnable but waiting for one) of process ``pid``'s main
     thread, from Linux's ``/proc/PID/schedstat``. llama-server with ``-t 1`` computes on its
