@@ -17,6 +17,14 @@ so every prompt token is computed and every request decodes exactly its tokens):
   that sharing costs, the sibling hyperthread and the caches are shared too); the preset is to
   hold a core's own speed (the replay measures both factors over itself, ``sim_to_real.py``).
   Each point is measured :data:`REPEATS` times; the repeat with the median net time is kept;
+- the server's own speed check (``_contention.server_check_s``: a 64-token prompt's time per
+  token and a one-stream decode step, from the server's ``timings``) before the first point and
+  after each one; a point's check is the lesser of the two around it. On the check's footing
+  (the default fit when a profile has them) each point is put at the profile's median check
+  speed: divided by the cores' factor (prompt speed), less the memory system's change of the
+  decode step beyond it, a cost per iteration (``llamacpp_sim.phase_scaled_latency`` says why).
+  On this VM the probe's footing left a quiet profile's decode points 12.6% / 30.4% (median /
+  max) off its own fit, the check's 4.6% / 11.4% (docs/serving.md);
 - the frontend: lone streamed requests of 16 tokens, the first token seen by the client less
   the server's own ``timings.prompt_ms`` for the same prompt: llama-server's per-request work
   outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the

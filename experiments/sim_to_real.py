@@ -18,7 +18,13 @@ background_threads``), so a server computes slower exactly while the other one d
 term also x the CPU probe's execution slowdown; the **uniform** correction scales every time
 term by one slowdown per replay, the servers' measured waits for a CPU (``llamacpp_sim.slowdown``)
 x the probe. The shared host predicts those waits instead of reading them, and the summary sets
-its prediction beside the measurement. Also simulated at one speed per load (the medians) and
+its prediction beside the measurement. The execution speed is read on one of two footings
+(``--footing``): the **server check** (default with a profile that has them: each server's own
+time per prompt token and per one-stream decode step, on a request none of the compared ones is,
+checked idle around the replay and against the profile's median checks; the cores' factor x
+every term, the memory system's change as a cost per iteration,
+``llamacpp_sim.phase_scaled_latency``), or the CPU **probe** (its factor x every term); with
+the checks, the probe's shared host is simulated beside them. Also simulated at one speed per load (the medians) and
 unscaled. The table per load: mean / p50 / p99 E2E and
 TTFT served and simulated, the simulated / served ratio of the means, and whether the routers'
 order by mean E2E (and by mean TTFT) is the same; with ``--repeats`` > 1, every router pair's

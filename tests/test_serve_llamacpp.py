@@ -185,3 +185,28 @@ def test_sim_to_real_simulates_with_the_fit_of_a_given_profile(tmp_path):
     ratio = fitted["round_robin (sim, as profiled)"]["mean_e2e_s"] / base["round_robin (sim, as profiled)"]["mean_e2e_s"]
     assert 1.6 < ratio < 2.1, ratio   # the frontend delay is not in this profile's rows: kept as registered
     assert f"the fit of {slow}" in (tmp_path / "b" / "summary.md").read_text()
+
+
+def test_sim_to_real_reads_the_servers_own_speed_on_the_checks_footing(tmp_path):
+    """A profile with server checks (here the committed points, every check at one value, so the
+    footing changes no point): the replay checks the servers idle around itself, reads the
+    cores' factor and the cost per iteration against the profile's checks, and simulates the
+    probe's shared host beside the checks' one."""
+    from llm_lb_gym.experiments import calibrate_llamacpp as cl
+    from llm_lb_gym.experiments import sim_to_real
+    from llm_lb_gym.experiments._contention import check_footing
+
+    checked = tmp_path / "checked.csv"
+    cl.write_points([cl.Measured(p, p.gpu_s, 1.0, 0.004, 0.005, 0.008) for p in cl.read_points()], checked, 3)
+    assert [p.gpu_s for p in cl.read_points(checked)] == pytest.approx([p.gpu_s for p in cl.read_points()], rel=1e-6)
+    report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin", "--llama-server", SERVER,
+                               "--gguf", MODEL, "--profile", str(checked), "--out", str(tmp_path / "out")])["2.0"]
+    rr = report["round_robin"]
+    assert rr["check_prefill_s"] > 0 and rr["check_decode_s"] > 0
+    assert (rr["check_compute_factor"], rr["check_extra_s"]) == pytest.approx(
+        check_footing(rr["check_prefill_s"], rr["check_decode_s"], 0.005, 0.008), rel=1e-12)
+    assert {"round_robin (sim, shared-host)", "round_robin (sim, uniform)", "round_robin (sim, shared-host, probe)"} <= set(report)
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "footing check" in text and "check factor, ms per iteration" in text
+    with pytest.raises(SystemExit, match="--footing check needs a profile with server checks"):
+        sim_to_real.main(["--footing", "check", "--llama-server", SERVER, "--gguf", MODEL, "--out", str(tmp_path / "x")])
