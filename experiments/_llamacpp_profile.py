@@ -19,6 +19,7 @@ from scipy.optimize import nnls
 
 from llm_lb_gym.calibration.calibrate import predicted_s
 from llm_lb_gym.calibration.vidur_profiles import CalibrationPoint
+from llm_lb_gym.experiments._contention import check_footing
 from llm_lb_gym.sim.latency import LatencyModel
 
 PROFILE_CSV = Path(__file__).with_name("profiles") / "llamacpp_smollm2_135m_q4_1_1thread.csv"
@@ -108,8 +109,6 @@ def read_points(path: Path | str = PROFILE_CSV, footing: str | None = None) -> l
     at the median check speed of the profile (the point's compute factor divided out and the
     memory system's cost per iteration beyond it taken off, ``_contention.check_footing``);
     "probe" (the default otherwise): x the probe's least / its time at the point, a quiet core."""
-    from llm_lb_gym.experiments._contention import check_footing
-
     rows = read_rows(path)
     ref_check = check_reference_s(rows)
     footing = footing or ("check" if ref_check else "probe")
