@@ -183,3 +183,54 @@ def test_engine_with_frontend_matches_reference(seed, chunked, chunk_alloc, bloc
         assert table.seen_first_token_s[i] >= table.first_token_s[i]
         assert table.seen_finish_s[i] >= max(table.finish_s[i], table.seen_first_token_s[i])
         assert table.first_scheduled_s[i] >= arr[i] + fe.delay_s + fe.input_s(int(p[i])) - 1e-12
+
+
+# A CPU step (4 ms + 0.3 ms per sequence) longer than the GPU side of small batches (2 ms + ...),
+# which the context growth of a decode stretch overtakes (2e-5 s per context token): under async
+# scheduling the iterations switch from the CPU floor to the GPU side inside a stretch.
+LAT_CPU = LatencyModel(base_s=0.002, token_s=2e-5, compute_token_s=2e-4, knee_tokens=24.5,
+                       prefill_attn_s=1e-8, decode_seq_s=1e-4, decode_ctx_s=2e-5, cpu_base_s=4e-3, cpu_seq_s=3e-4)
+
+
+@settings(max_examples=int(__import__("os").environ.get("LLM_LB_GYM_HYPOTHESIS_EXAMPLES", "30")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80),
+       max_seqs=st.integers(1, 8), fast=st.booleans(), rate=st.sampled_from([5.0, 40.0]))
+def test_async_scheduling_matches_reference(seed, chunked, chunk_alloc, blocks, max_seqs, fast, rate):
+    """``engine.async_scheduling``: every iteration lasts max(GPU side, CPU step); the engine's
+    decode stretches (split where the GPU side overtakes the CPU floor) against the reference's
+    one iteration at a time."""
+    max_len = 120
+    cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
+                       max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,
+                       max_model_len=max_len, chunked_prefill=chunked,
+                       kv_allocation="chunk" if chunked and chunk_alloc else "request",
+                       latency=LAT_CPU, async_scheduling=True)
+    arr, p, d, pred = _workload(seed, 25, rate=rate, max_p=60, max_d=60)
+    table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)
+    _assert_same(table, ok, ref)
+    assert cluster.done
+
+
+def test_async_scheduling_overlaps_the_cpu_step():
+    """One request alone: each decode step takes the longer of its GPU side and the CPU step,
+    where synchronous scheduling takes their sum; its prompt's iteration likewise."""
+    lat = LAT_CPU
+    p, d = 20, 200
+    times = {}
+    for overlap in (False, True):
+        cfg = EngineConfig(block_size=4, num_kv_blocks=200, max_model_len=400, latency=lat, async_scheduling=overlap)
+        table = RequestTable([0.0], [p], [d], [d])
+        simulate(RequestBatch.from_arrays([0.0], [p], [d]), ClusterConfig(num_instances=1, engine=cfg), table=table)
+        times[overlap] = (table.first_token_s[0], table.finish_s[0])
+    gpu_pre = lat.without_cpu().iteration_s(prefill_tokens=p, prefill_attn_pairs=p * (p + 1) // 2)
+    cpu1 = lat.cpu_base_s + lat.cpu_seq_s
+    assert times[False][0] == pytest.approx(gpu_pre + cpu1, rel=1e-12)
+    assert times[True][0] == pytest.approx(max(gpu_pre, cpu1), rel=1e-12)
+    want = times[True][0] + sum(max(lat.without_cpu().iteration_s(decode_seqs=1, decode_ctx_tokens=p + k), cpu1)
+                                for k in range(1, d))
+    assert times[True][1] == pytest.approx(want, rel=1e-9)
+    # the stretch crosses from the CPU floor to the GPU side (the test's point)
+    assert lat.without_cpu().iteration_s(decode_seqs=1, decode_ctx_tokens=p + 1) < cpu1 \
+        < lat.without_cpu().iteration_s(decode_seqs=1, decode_ctx_tokens=p + d - 1)
+    assert times[True][1] < times[False][1]

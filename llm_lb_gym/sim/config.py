@@ -67,6 +67,12 @@ class EngineConfig:
     overheads have zeros there). False models a GPU-bound engine whose CPU work overlaps the
     forward pass (e.g. vLLM's async output processing / multi-step scheduling) and compares with
     profile simulators that leave the CPU side out."""
+    async_scheduling: bool = False
+    """Schedule the next iteration while the current one runs (vLLM's ``--async-scheduling``,
+    its default from 0.14.0, ``sim/generations.py``): the CPU step (``cpu_base_s + cpu_seq_s *
+    n_seqs``) overlaps the forward pass, so an iteration lasts ``max(GPU time, CPU time)`` instead
+    of their sum (docs/simulator_semantics.md). False (the default, vLLM before 0.14): the GPU
+    waits for the CPU step, as before the option existed."""
     model_config: str | None = None
     """A built-in architecture name (llm_lb_gym.sim.architecture.ARCHITECTURES) or the path to a
     Hugging Face config.json (or its folder): a roofline preset of that architecture on ``gpu`` x
@@ -120,6 +126,7 @@ class EngineConfig:
             raise ConfigError("engine.kv_allocation=chunk needs engine.chunked_prefill=true (blocks are "
                               "allocated per prefill chunk); allowed without chunking: request")
         check_bool("engine.cpu_overhead", self.cpu_overhead)
+        check_bool("engine.async_scheduling", self.async_scheduling)
         check_bool("engine.enable_prefix_caching", self.enable_prefix_caching)
         if self.chunked_prefill and self.token_budget < self.max_num_seqs:
             raise ConfigError(

@@ -77,7 +77,7 @@ cdef class Engine:
     @cython.locals(full=long, rem=long, d=long, bs=long, i=long)
     cpdef long _demand(self, long G, long k)
     @cython.locals(kv=KVCache, G=long, free=long, B=long, bs=long, span=double, cycles=long, r=long, g=long,
-                   cum=long, i=long, stop=double, t0=double, a=double, c=double, n=double, cdc=double,
+                   cum=long, i=long, stop=double, t0=double, a=double, c=double, n=double, cdc=double, cpu=double, j=long,
                    tm=IterationTiming)
     cpdef _plan(self)
     @cython.locals(t0=double, a=double, c=double, k=long, n=long, G=long)

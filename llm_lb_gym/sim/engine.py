@@ -60,7 +60,7 @@ class Engine:
         self.table = table
         self.fast = fast
         self.check = check
-        self.timing = IterationTiming(lat, cfg.max_num_seqs)   # iteration durations
+        self.timing = IterationTiming(lat, cfg.max_num_seqs, cfg.async_scheduling)   # iteration durations
         self.latency = lat      # the model itself, for routers' predictions (slo_aware)
         self.kv = KVCache(index, cfg, table)   # KV blocks and the prefix cache
         self.chunked = cfg.chunked_prefill
@@ -546,7 +546,7 @@ class Engine:
                 toks += L
                 pairs += L * (L + 1) // 2   # causal: a whole prompt, nothing cached
             self._start(r, s)
-        end = s + self.timing.batch_s(toks, pairs, len(admitted))
+        end = s + self.timing.span(self.timing.batch_s(toks, pairs, len(admitted)), len(admitted))
         if self.gap_log is not None and self.B:   # the running requests wait through it
             self._gap_stall += end - s
             self._gap_stall_n = max(self._gap_stall_n, self.B)
@@ -681,6 +681,7 @@ class Engine:
         dur = self.timing.batch_s(toks + B, pairs, nchunks + B)
         if B:   # the decode sequences' own terms (batch_s counted their tokens)
             dur += self.timing.cds * B + self.timing.dec_c[B] * (self.S_at + B * (self.G - self.G_S))
+        dur = self.timing.span(dur, nchunks + B)
         self.t = s + dur
         self.n_iterations += 1
         self._plan_dirty = True
@@ -741,8 +742,21 @@ class Engine:
         self._st_t0 = t0 = self.t
         tm = self.timing
         cdc = tm.dec_c[B]
-        self._st_a = a = tm.dec_a[B] + cdc * (self.S_at + B * (G - self.G_S))
-        self._st_c = c = cdc * B
+        a = tm.dec_a[B] + cdc * (self.S_at + B * (G - self.G_S))
+        c = cdc * B
+        if tm.overlap:   # async scheduling: an iteration lasts max(GPU side, CPU step)
+            cpu = tm.cpu_floor(B)
+            if a < cpu:   # CPU-bound until the growing context makes the GPU side longer
+                if c > 0.0:
+                    j = math.ceil((cpu - a) / c)
+                    while j > 1 and a + c * (j - 1) >= cpu:   # float safety: the first j with a + c j >= cpu
+                        j -= 1
+                    while a + c * j < cpu:
+                        j += 1
+                    stop = min(stop, G + j)
+                a, c = cpu, 0.0
+        self._st_a = a
+        self._st_c = c
         n = stop - G
         self._st_n = n
         # Start time of the stretch's last iteration: T beyond it lets the whole stretch run.

@@ -24,8 +24,14 @@ import math
 class IterationTiming:
     """One instance's iteration-time coefficients (from its ``LatencyModel``)."""
 
-    def __init__(self, lat, max_num_seqs: int):
-        # The CPU terms are zero when cpu_overhead is off.
+    def __init__(self, lat, max_num_seqs: int, overlap_cpu: bool = False):
+        # The CPU terms are zero when cpu_overhead is off. With overlap_cpu (async scheduling) the
+        # tables hold the GPU side only and the CPU step (cb + cpc * n_seqs) is the floor of
+        # every iteration: ``span`` and ``decode_s`` take the larger of the two.
+        self.overlap = overlap_cpu
+        self.cb, self.cpc = (lat.cpu_base_s, lat.cpu_seq_s) if overlap_cpu else (0.0, 0.0)
+        if overlap_cpu:
+            lat = lat.without_cpu()
         self.c0 = lat.base_s + lat.cpu_base_s
         self.ct, self.cc, self.knee = lat.token_s, lat.compute_token_s, lat.knee_tokens
         self.tile = lat.tile_tokens
@@ -57,7 +63,22 @@ class IterationTiming:
 
     def decode_s(self, B: int, S: int) -> float:
         """A decode iteration of ``B`` sequences holding ``S`` context tokens (B >= 1)."""
+        if self.overlap:
+            return max(self.dec_a[B] + self.dec_c[B] * S, self.cb + self.cpc * B)
         return self.dec_a[B] + self.dec_c[B] * S
+
+    def span(self, gpu_s: float, nseq: int) -> float:
+        """An iteration of ``nseq`` sequences whose other terms (``batch_s`` plus decode terms)
+        take ``gpu_s``: itself, or with overlap_cpu the longer of it and the CPU step."""
+        if self.overlap:
+            cpu = self.cb + self.cpc * nseq
+            return gpu_s if gpu_s >= cpu else cpu
+        return gpu_s
+
+    def cpu_floor(self, B: int) -> float:
+        """The CPU step of a decode iteration of ``B`` sequences under overlap_cpu (0 without):
+        no decode iteration is shorter."""
+        return self.cb + self.cpc * B
 
 
 def iterations_before(t: float, a: float, c: float, T: float) -> int:

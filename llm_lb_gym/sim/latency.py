@@ -123,18 +123,24 @@ class LatencyModel:
 
     def iteration_s(self, prefill_tokens: int = 0, prefill_attn_pairs: int = 0,
                     decode_seqs: int = 0, decode_ctx_tokens: int = 0,
-                    prefill_seqs: int | None = None) -> float:
+                    prefill_seqs: int | None = None, overlap_cpu: bool = False) -> float:
         """Duration of one iteration with the given batch composition. ``prefill_seqs`` counts
-        the prompts or chunks in the batch (default: one if any prompt token is computed)."""
+        the prompts or chunks in the batch (default: one if any prompt token is computed).
+        ``overlap_cpu`` (``engine.async_scheduling``): the CPU terms overlap the rest, so the
+        iteration lasts the longer of the two instead of their sum."""
         if prefill_seqs is None:
             prefill_seqs = 1 if prefill_tokens else 0
         n = prefill_tokens + decode_seqs
         over = self.tiled(n) - self.knee_tokens   # tokens past the knee; arrays too (vectorised callers)
         over = np.maximum(over, 0.0) if isinstance(over, np.ndarray) else max(0.0, over)
-        return (self.base_s + self.tokens_s(n) + self.compute_token_s * over
-                + self.prefill_attn_s * prefill_attn_pairs
-                + self.decode_seq_s * decode_seqs + self.decode_ctx_at(decode_seqs) * decode_ctx_tokens
-                + self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs))
+        gpu = (self.base_s + self.tokens_s(n) + self.compute_token_s * over
+               + self.prefill_attn_s * prefill_attn_pairs
+               + self.decode_seq_s * decode_seqs + self.decode_ctx_at(decode_seqs) * decode_ctx_tokens)
+        if overlap_cpu:
+            cpu = self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs)
+            return np.maximum(gpu, cpu) if isinstance(gpu, np.ndarray) else max(gpu, cpu)
+        # the same additions in the same order as before overlap_cpu existed (bit for bit)
+        return gpu + self.cpu_base_s + self.cpu_seq_s * (prefill_seqs + decode_seqs)
 
     def tokens_s(self, tokens):
         """The per-token part of the linear layers for ``tokens`` batched tokens (scalars or

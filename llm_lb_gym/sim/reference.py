@@ -352,7 +352,7 @@ class _Instance:
             dur = self.lat.iteration_s(
                 prefill_tokens=sum(s.prefill_len - s.cached for s in admitted),
                 prefill_attn_pairs=sum(causal_pairs(s.prefill_len - s.cached, s.cached) for s in admitted),
-                prefill_seqs=len(admitted))
+                prefill_seqs=len(admitted), overlap_cpu=self.cfg.async_scheduling)
             end = now + dur
             for seq in admitted:
                 seq.prefill_done = seq.prefill_len
@@ -363,7 +363,8 @@ class _Instance:
         decodes = self.grow_decodes()
         assert decodes, "a decode iteration lost every request to preemption"
         dur = self.lat.iteration_s(decode_seqs=len(decodes),
-                                   decode_ctx_tokens=sum(s.p + s.o for s in decodes))
+                                   decode_ctx_tokens=sum(s.p + s.o for s in decodes),
+                                   overlap_cpu=self.cfg.async_scheduling)
         end = now + dur
         for seq in decodes:
             self.emit_token(seq, end)
@@ -408,6 +409,7 @@ class _Instance:
             decode_seqs=len(decodes),
             decode_ctx_tokens=sum(s.p + s.o for s in decodes),
             prefill_seqs=len(chunks),
+            overlap_cpu=self.cfg.async_scheduling,
         )
         end = now + dur
         for seq in decodes:
