@@ -106,11 +106,12 @@ def summary(results, headline_errors) -> tuple[float, float, int]:
 
 def before_calibration():
     """The simulator as it was: roofline factors of the kernel profiles, Vidur's CPU step, no
-    frontend (what issue 33 measured)."""
+    frontend, synchronous scheduling (what issue 33 measured)."""
     from llm_lb_gym.calibration.serving import ServingCalibration
     from llm_lb_gym.sim import roofline
 
-    return ServingCalibration({}, roofline.cpu_overhead(1), {}, engine_options={"kv_allocation": "request"})
+    return ServingCalibration({}, roofline.cpu_overhead(1), {}, engine_options={"kv_allocation": "request",
+                                                                                  "async_scheduling": False})
 
 
 def main(argv=None) -> dict:

@@ -91,7 +91,7 @@ def case_engine(case: Case, corpus: Corpus, cal: ServingCalibration) -> EngineCo
     """The engine a user would configure for ``case``, with ``cal``'s coefficients."""
     gpu = get_gpu(case.gpu)
     arch = from_hf_config(corpus.model_config(case.model))
-    opts = generation_options(case.generation, gpu)
+    opts = generation_options(case.generation, gpu, case.engine_version)
     opts.pop("frontend", None)
     opts.pop("latency_fit", None)
     opts.setdefault("max_model_len", arch.max_model_len)   # vLLM's default: the model's window
