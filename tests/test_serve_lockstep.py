@@ -124,12 +124,15 @@ def _recording(router):
     return router, seen
 
 
-def test_a_trained_policy_sees_the_same_observations_and_decides_the_same(dqn_run_dir):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_trained_policy_sees_the_same_observations_and_decides_the_same(dqn_run_dir, async_scheduling):
+    """Async: the earliest-completion feature's step time is the longer of the GPU side and
+    the CPU step in the backends' views as in the engine."""
     from llm_lb_gym.experiments._serve_policy import load_policy
     from llm_lb_gym.serve.config import RouterServiceConfig
 
     scfg = RouterServiceConfig(backends=tuple(f"http://127.0.0.1:{i + 1}" for i in range(3)))
-    cfg = ClusterConfig(num_instances=3, engine=EngineConfig(preset="llama2-7b-v100"))
+    cfg = ClusterConfig(num_instances=3, engine=EngineConfig(preset="llama2-7b-v100", async_scheduling=async_scheduling))
     reqs = batch(20.0, 120, seed=5)
     a, seen_a = _recording(load_policy(str(dqn_run_dir), "best_model.zip", scfg))
     b, seen_b = _recording(load_policy(str(dqn_run_dir), "best_model.zip", scfg))

@@ -100,7 +100,8 @@ class _Lockstep:
         e = cluster.cfg.engines[0]
         self.views = [BackendView(i, f"sim://{i}", self.stable, block_size=e.block_size,
                                   num_blocks=e.total_blocks, max_seqs=e.max_num_seqs,
-                                  latency=e.latency_model, stale_s=float("inf"))
+                                  latency=e.latency_model, stale_s=float("inf"),
+                                  async_scheduling=e.async_scheduling)
                       for i in range(cluster.cfg.num_instances)]
         if prepare is not None:
             prepare(self.views)

@@ -117,12 +117,13 @@ class BackendView:
     """One backend as an engine-like object (the attributes routers read)."""
 
     def __init__(self, index: int, url: str, table: ServiceTable, *, block_size: int,
-                 num_blocks: int, max_seqs: int, latency, stale_s: float):
+                 num_blocks: int, max_seqs: int, latency, stale_s: float, async_scheduling: bool = False):
         self.index, self.url, self.table = index, url, table
         self.bs, self.total_blocks, self.max_seqs = block_size, num_blocks, max_seqs
         self.watermark = max(1, math.ceil(0.01 * num_blocks))
         self.latency = latency
         self._timing = None      # IterationTiming of ``latency``, built on first use
+        self.async_scheduling = async_scheduling   # the backends' (engine.async_scheduling): the estimate's step time
         self.stale_s = stale_s
         self.up = True
         self.inflight: dict[int, None] = {}
@@ -272,7 +273,7 @@ class BackendView:
         if not n:
             return 0.0
         if self._timing is None:
-            self._timing = IterationTiming(self.latency, self.max_seqs)
+            self._timing = IterationTiming(self.latency, self.max_seqs, self.async_scheduling)
         return math.ceil(least) * self._timing.decode_s(min(n, self.max_seqs), ctx)
 
     def cached_prefix_tokens(self, rid: int) -> int:
