@@ -156,14 +156,15 @@ def _assert_same_client_times(table, ok, ref):
 @given(seed=st.integers(0, 10_000), chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80),
        max_seqs=st.integers(1, 8), fast=st.booleans(), rate=st.sampled_from([5.0, 20.0, 200.0]),
        scheduler=st.sampled_from(["fcfs", "least_work_left"]), input_workers=st.sampled_from([0, 0, 1, 2]),
-       wake=st.booleans())
+       wake=st.booleans(), async_scheduling=st.booleans())
 def test_engine_with_frontend_matches_reference(seed, chunked, chunk_alloc, blocks, max_seqs, fast, rate, scheduler,
-                                                input_workers, wake):
+                                                input_workers, wake, async_scheduling):
     """The frontend (sim/frontend.py) in front of the engine: the engine with its virtual-time
     processor sharing against the reference's literal one, from light load (the frontend only
     delays) to a burst that queues in it (rate 200/s: its input work alone is ~2-8 ms), with
     every input at once or one or two at a time (``input_workers``), with or without the extra
-    delay of a server woken from idleness (``wake_s``)."""
+    delay of a server woken from idleness (``wake_s``), scheduling synchronously or one step
+    ahead (``async_scheduling``: what leaves the frontend waits one iteration more)."""
     from llm_lb_gym.sim.frontend import FrontendModel
 
     max_len = 120
@@ -173,7 +174,7 @@ def test_engine_with_frontend_matches_reference(seed, chunked, chunk_alloc, bloc
                        max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,
                        max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
                        kv_allocation="chunk" if chunked and chunk_alloc else "request",
-                       latency=LAT, frontend=fe)
+                       latency=LAT, frontend=fe, async_scheduling=async_scheduling)
     arr, p, d, pred = _workload(seed, 25, rate=rate, max_p=60, max_d=60)
     table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)
     _assert_same(table, ok, ref)
@@ -197,9 +198,10 @@ LAT_CPU = LatencyModel(base_s=0.002, token_s=2e-5, compute_token_s=2e-4, knee_to
 @given(seed=st.integers(0, 10_000), chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80),
        max_seqs=st.integers(1, 8), fast=st.booleans(), rate=st.sampled_from([5.0, 40.0]))
 def test_async_scheduling_matches_reference(seed, chunked, chunk_alloc, blocks, max_seqs, fast, rate):
-    """``engine.async_scheduling``: every iteration lasts max(GPU side, CPU step); the engine's
-    decode stretches (split where the GPU side overtakes the CPU floor) against the reference's
-    one iteration at a time."""
+    """``engine.async_scheduling``: every iteration lasts max(GPU side, CPU step) and a request
+    joins one iteration later when the instance is busy; the engine's decode stretches (split
+    where the GPU side overtakes the CPU floor, cut one iteration after an arrival) against the
+    reference's one iteration at a time."""
     max_len = 120
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,
@@ -234,3 +236,26 @@ def test_async_scheduling_overlaps_the_cpu_step():
     assert lat.without_cpu().iteration_s(decode_seqs=1, decode_ctx_tokens=p + 1) < cpu1 \
         < lat.without_cpu().iteration_s(decode_seqs=1, decode_ctx_tokens=p + d - 1)
     assert times[True][1] < times[False][1]
+
+
+def test_async_scheduling_takes_a_new_request_one_iteration_later():
+    """A request routed while another decodes: synchronous scheduling prefills it at the first
+    iteration start after its route, async scheduling at the one after that (that iteration was
+    scheduled before it came); on an idle instance both start it at once."""
+    lat = LAT_CPU.without_cpu()   # no CPU step: only the visibility differs
+    arr, p, d = [0.0, 0.0503], [20, 20], [200, 5]
+    first = {}
+    for overlap in (False, True):
+        cfg = EngineConfig(block_size=4, num_kv_blocks=200, max_model_len=400, latency=lat, async_scheduling=overlap)
+        table = RequestTable(arr, p, d, d)
+        simulate(RequestBatch.from_arrays(arr, p, d), ClusterConfig(num_instances=1, engine=cfg), table=table)
+        first[overlap] = (table.first_scheduled_s[0], table.first_scheduled_s[1])
+    t, starts = lat.iteration_s(prefill_tokens=20, prefill_attn_pairs=210), []
+    k = 1
+    while len(starts) < 2:   # decode iteration starts of request 0 from its first token on
+        if t >= arr[1]:
+            starts.append(t)
+        t += lat.iteration_s(decode_seqs=1, decode_ctx_tokens=20 + k)
+        k += 1
+    assert first[False] == (0.0, pytest.approx(starts[0], rel=1e-12))
+    assert first[True] == (0.0, pytest.approx(starts[1], rel=1e-12))

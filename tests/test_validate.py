@@ -24,10 +24,10 @@ from llm_lb_gym.sim.gpus import get_gpu
 
 CORPUS_SHA256 = "123de8857d081a6fe26d3cc9d7466fcc35fd0e85c106c1a3a5d9829287a1614e"
 """The corpus the pinned errors below were measured on (an edit of corpus.json must update both)."""
-FITTED_MEDIAN, FITTED_MAX = 0.019, 0.092
+FITTED_MEDIAN, FITTED_MAX = 0.020, 0.093
 """Median and max |simulated / measured - 1| over the fitted part's headline figures (42),
 package 0.7.0 with V1's per-chunk KV allocation, the KV-read factor apart and async scheduling
-from vLLM 0.14.0 (kvcached's 0.19 runs; 2026-12-06), `llm-lb-gym validate --split fitted`."""
+(its longer step and later join) from vLLM 0.14.0 (kvcached's 0.19 runs; 2026-12-06), `llm-lb-gym validate --split fitted`."""
 
 
 @pytest.fixture(scope="module")

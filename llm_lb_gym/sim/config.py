@@ -71,8 +71,9 @@ class EngineConfig:
     """Schedule the next iteration while the current one runs (vLLM's ``--async-scheduling``,
     its default from 0.14.0, ``sim/generations.py``): the CPU step (``cpu_base_s + cpu_seq_s *
     n_seqs``) overlaps the forward pass, so an iteration lasts ``max(GPU time, CPU time)`` instead
-    of their sum (docs/simulator_semantics.md). False (the default, vLLM before 0.14): the GPU
-    waits for the CPU step, as before the option existed."""
+    of their sum, and a request that joins a busy instance is first scheduled one iteration later
+    (the next one was scheduled before it came; docs/simulator_semantics.md). False (the default,
+    vLLM before 0.14): the GPU waits for the CPU step, as before the option existed."""
     model_config: str | None = None
     """A built-in architecture name (llm_lb_gym.sim.architecture.ARCHITECTURES) or the path to a
     Hugging Face config.json (or its folder): a roofline preset of that architecture on ``gpu`` x

@@ -17,7 +17,7 @@ cdef class Engine:
     cdef public long pending_prefill_tokens
     cdef public long _st_G0
     cdef public double t, _g_fin_end, _g_ex, committed_tokens, fe_next
-    cdef public long fe_count
+    cdef public long fe_count, pend_n
     cdef public object fe, gap_log
     cdef public double _gap_stall
     cdef public long _gap_stall_n
@@ -26,7 +26,7 @@ cdef class Engine:
     cdef public Scheduler sched
     cdef public ProgressSums progress
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
-    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode, fe_wake
+    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode, fe_wake, asynch
     cdef public object table, latency
     cdef public dict running
     cdef public list prefilling, fin_heap, phase_cnt
@@ -39,6 +39,8 @@ cdef class Engine:
     cpdef _fe_release(self)
     @cython.locals(t0=double, a=double, c=double, t=double, G0=long, k=long)
     cpdef advance_to(self, double T)
+    @cython.locals(n=long, cut=long, ran=bint, q=list, tail=list)
+    cpdef _hidden_step(self)
     cpdef bint in_decode_stretch(self)
     cpdef jump_in_stretch(self, long G, double t)
     cpdef record_token_gaps(self)

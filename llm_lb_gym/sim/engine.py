@@ -80,6 +80,11 @@ class Engine:
         self.phase_cnt = [0] * self.kv.bs
         self.admit_counter = 0
         self._blocked = False    # waiting requests known not to be admissible until an event
+        # Async scheduling (``EngineConfig.async_scheduling``): the next iteration is scheduled
+        # while the current one runs, so requests that reach the waiting queue after that (its
+        # last ``pend_n`` entries) are first seen by the iteration after next (``_hidden_step``).
+        self.asynch = cfg.async_scheduling
+        self.pend_n = 0
         self._plan_dirty = True
         self._g_fin_end = INF
         self._g_ex = INF
@@ -217,6 +222,8 @@ class Engine:
             self.fe_next = self.fe.next_release_s()
             return
         self.sched.waiting_q.append(rid)
+        if self.asynch:
+            self.pend_n += 1
         self._blocked = False
 
     def _fe_release(self) -> None:
@@ -228,6 +235,8 @@ class Engine:
         if ready:
             self.sched.waiting_q.extend(ready)
             self.fe_count -= len(ready)
+            if self.asynch:
+                self.pend_n += len(ready)
             self._blocked = False
         self.fe_next = fe.next_release_s()
 
@@ -258,6 +267,9 @@ class Engine:
         while self.t < T:
             if self.fe_next <= self.t:
                 self._fe_release()
+            if self.pend_n:
+                self._hidden_step()
+                continue
             if self.chunked:
                 if self.prefilling or ((self.sched.preempted_q or self.sched.waiting_q) and not self._blocked):
                     if self._mixed_iteration():
@@ -282,6 +294,31 @@ class Engine:
                         f"empty instance (they should have been rejected at arrival)")
                 return
             self._decode(T if T <= self.fe_next else self.fe_next)
+
+    def _hidden_step(self) -> None:
+        """Async scheduling: run the iteration at the clock without the ``pend_n`` requests that
+        joined the waiting queue since the previous iteration was scheduled (it was scheduled
+        while that one ran, vLLM's one step ahead), then let them in for the next. If nothing
+        else can run they go at once: an idle scheduler takes a new request straight away."""
+        q = self.sched.waiting_q
+        n = self.pend_n
+        self.pend_n = 0
+        cut = len(q) - n
+        tail = q[cut:]
+        del q[cut:]
+        ran = False
+        if self.chunked:
+            if self.prefilling or ((self.sched.preempted_q or q) and not self._blocked):
+                ran = self._mixed_iteration()
+        elif (self.sched.preempted_q or q) and not self._blocked:
+            admitted = self._select()
+            if admitted:
+                self._prefill_iteration(admitted)
+                ran = True
+        if not ran and self.B:
+            self._decode(math.nextafter(self.t, INF))   # exactly the decode iteration at the clock
+        self.sched.waiting_q.extend(tail)   # (admission may have replaced the list)
+        self._blocked = False
 
     def in_decode_stretch(self) -> bool:
         """Whether the next iterations are the planned decode stretch (``_plan``): no prefill
@@ -451,7 +488,10 @@ class Engine:
             if rid in self.sched.preempted_q:
                 self.sched.preempted_q.remove(rid)
             elif rid in self.sched.waiting_q:
-                self.sched.waiting_q.remove(rid)
+                q = self.sched.waiting_q
+                if q.index(rid) >= len(q) - self.pend_n:   # joined since the last schedule
+                    self.pend_n -= 1
+                q.remove(rid)
             else:   # still in the frontend's input stage
                 self.fe.cancel(rid)
                 self.fe_count -= 1

@@ -33,6 +33,10 @@ keeps its remaining work, which each job in service loses at ``1 / n`` per secon
 ``input_workers`` > 0, input jobs beyond that many wait in a list, in arrival order); a request
 joins the waiting queue (at the back, in the order its input work ends) at the first iteration
 start at or after its input job completes.
+
+Async scheduling (``engine.async_scheduling``): an iteration lasts the longer of its GPU side and
+its CPU step, and the requests that join the waiting queue at an iteration's start are left out
+of that iteration (it was scheduled when the previous one started) unless nothing else can run.
 """
 
 from __future__ import annotations
@@ -570,6 +574,7 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
     fe = inst.frontend
     joined = 0
     while any(s.state != "finished" for s in seqs):
+        n_fresh = len(inst.fresh)   # async scheduling: what joins at this iteration start is new to it
         if fe is not None:
             # Every request goes through the frontend's input job first, reported when the clock
             # reaches its route time (a woken server's extra delay depends on what ran before).
@@ -597,7 +602,18 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
                 continue
             now = max(now, seqs[nxt].req.route_s)  # idle: jump to the next route
             continue
-        end = step(now)
+        new = len(inst.fresh) - n_fresh
+        if cfg.async_scheduling and new:
+            # The iteration at ``now`` was scheduled when the previous one started, before these
+            # requests joined: it runs without them, or, if it has nothing else, with them.
+            hidden = inst.fresh[len(inst.fresh) - new:]
+            del inst.fresh[len(inst.fresh) - new:]
+            end = step(now) if (inst.preempted or inst.fresh or inst.prefilling or inst.running) else None
+            inst.fresh.extend(hidden)
+            if end is None:
+                end = step(now)
+        else:
+            end = step(now)
         if end is None:
             raise RuntimeError(
                 f"instance stuck at t={now}: waiting requests can never be admitted on an empty "
