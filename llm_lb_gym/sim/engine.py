@@ -270,16 +270,8 @@ class Engine:
             if self.pend_n:
                 self._hidden_step()
                 continue
-            if self.chunked:
-                if self.prefilling or ((self.sched.preempted_q or self.sched.waiting_q) and not self._blocked):
-                    if self._mixed_iteration():
-                        continue
-            elif (self.sched.preempted_q or self.sched.waiting_q) and not self._blocked:
-                admitted = self._select()
-                if admitted:
-                    self._prefill_iteration(admitted)
-                    continue
-                self._blocked = True
+            if self._admit_step():
+                continue
             if not self.B:
                 if self.fe_count:   # nothing to run until the frontend hands a request on
                     if self.fe_next >= T:
@@ -301,24 +293,28 @@ class Engine:
         while that one ran, vLLM's one step ahead), then let them in for the next. If nothing
         else can run they go at once: an idle scheduler takes a new request straight away."""
         q = self.sched.waiting_q
-        n = self.pend_n
+        cut = len(q) - self.pend_n
         self.pend_n = 0
-        cut = len(q) - n
         tail = q[cut:]
         del q[cut:]
-        ran = False
-        if self.chunked:
-            if self.prefilling or ((self.sched.preempted_q or q) and not self._blocked):
-                ran = self._mixed_iteration()
-        elif (self.sched.preempted_q or q) and not self._blocked:
-            admitted = self._select()
-            if admitted:
-                self._prefill_iteration(admitted)
-                ran = True
-        if not ran and self.B:
+        if not self._admit_step() and self.B:
             self._decode(math.nextafter(self.t, INF))   # exactly the decode iteration at the clock
         self.sched.waiting_q.extend(tail)   # (admission may have replaced the list)
         self._blocked = False
+
+    def _admit_step(self) -> bool:
+        """Run the prefill (or, chunked, mixed) iteration at the clock if the queues give one;
+        False when the next iteration is a decode or there is nothing to run."""
+        if self.chunked:
+            if self.prefilling or ((self.sched.preempted_q or self.sched.waiting_q) and not self._blocked):
+                return self._mixed_iteration()
+        elif (self.sched.preempted_q or self.sched.waiting_q) and not self._blocked:
+            admitted = self._select()
+            if admitted:
+                self._prefill_iteration(admitted)
+                return True
+            self._blocked = True
+        return False
 
     def in_decode_stretch(self) -> bool:
         """Whether the next iterations are the planned decode stretch (``_plan``): no prefill
