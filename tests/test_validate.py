@@ -24,10 +24,13 @@ from llm_lb_gym.sim.gpus import get_gpu
 
 CORPUS_SHA256 = "123de8857d081a6fe26d3cc9d7466fcc35fd0e85c106c1a3a5d9829287a1614e"
 """The corpus the pinned errors below were measured on (an edit of corpus.json must update both)."""
-FITTED_MEDIAN, FITTED_MAX = 0.020, 0.093
+FITTED_MEDIAN, FITTED_MAX = 0.022, 0.143
 """Median and max |simulated / measured - 1| over the fitted part's headline figures (42),
-package 0.7.0 with V1's per-chunk KV allocation, the KV-read factor apart and async scheduling
-(its longer step and later join) from vLLM 0.14.0 (kvcached's 0.19 runs; 2026-12-06), `llm-lb-gym validate --split fitted`."""
+package 0.7.0 with V1's per-chunk KV allocation, the KV-read factor apart, async scheduling
+(its longer step and later join) from vLLM 0.14.0 (kvcached's 0.19 runs) and the median ITLs in
+the fit's objective (2026-12-06), `llm-lb-gym validate --split fitted`."""
+FITTED_ITL_MEDIAN, FITTED_ITL_MAX = 0.024, 0.087
+"""The same over the 14 median ITLs published beside them (the decode step alone)."""
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +66,12 @@ def test_fitted_part_errors_are_pinned_and_meet_the_target(corpus):
     assert float(np.median(errs)) == pytest.approx(FITTED_MEDIAN, abs=0.002)
     assert float(errs.max()) == pytest.approx(FITTED_MAX, abs=0.002)
     assert np.median(errs) <= 0.05 and errs.max() <= 0.15   # the issue's target for the fitted part
+    itl = np.abs([r.errors["median_itl_ms"] for r in results
+                  if "median_itl_ms" in r.errors and "median_itl_ms" not in headline_errors(r)])
+    assert len(itl) == 14
+    assert float(np.median(itl)) == pytest.approx(FITTED_ITL_MEDIAN, abs=0.002)
+    assert float(itl.max()) == pytest.approx(FITTED_ITL_MAX, abs=0.002)
+    assert np.median(itl) <= 0.05 and itl.max() <= 0.15   # "(or ITL)": the target holds on the decode step too
 
 
 def test_held_out_cases_replay_to_finite_figures(corpus):
@@ -141,8 +150,12 @@ def test_validate_command_prints_both_parts(capsys):
 
 
 def test_validate_without_the_frontend_shows_what_it_adds(tmp_path):
-    """``--no-frontend``: the same engines without the API server's stage; every case's TTFT is
-    then shorter (the stage only ever adds client-side time), and the report says which ran."""
+    """``--no-frontend``: the same engines without the API server's stage; the TTFT of every
+    case that is not a closed loop, and of a closed loop's lone request, is then shorter (there
+    the stage only adds client-side time), and the report says which ran. (In a closed loop of
+    many it also paces the arrivals: the L4's 32 requests, without it in lockstep, queue
+    longer for the engine than with it.)"""
+    from llm_lb_gym.calibration.corpus import load_corpus
     import json
 
     from llm_lb_gym.experiments import validate
@@ -153,9 +166,16 @@ def test_validate_without_the_frontend_shows_what_it_adds(tmp_path):
     a = {c["id"]: c["simulated"] for c in json.loads(with_fe.read_text())["cases"]}
     b = {c["id"]: c["simulated"] for c in json.loads(without.read_text())["cases"]}
     assert a.keys() == b.keys()
+    cases = {c.id: c for c in load_corpus().cases}
+    compared = 0
     for cid, sim in b.items():
+        w = cases[cid].workload
+        if w.kind == "closed" and w.concurrency > 1:
+            continue
         key = "median_ttft_ms" if "median_ttft_ms" in sim else "mean_ttft_ms"
         assert sim[key] < a[cid][key], cid
+        compared += 1
+    assert compared >= 9
 
 
 def test_validate_input_workers_option(tmp_path):
@@ -220,7 +240,7 @@ def test_shipped_serving_constants_are_the_fits_optimum(corpus):
     """The library's rounded constants (``roofline.SERVING_*``, the two vLLM frontends) are
     where ``validate --fit`` ends: refitted from them, least squares moves no parameter by more
     than the 4-significant-digit rounding and a few percent of slack (a flat direction), and the
-    objective does not fall by more than 2% (a few evaluations; the full refit is ~40 s)."""
+    objective (with the median ITLs) does not fall by more than 2% (a few evaluations; the full refit takes about 3 minutes here)."""
     from llm_lb_gym.calibration import serving
 
     start = ServingCalibration.shipped()
@@ -273,5 +293,5 @@ def test_simulated_itl_is_the_decode_step_not_the_tpot(corpus):
     case = next(c for c in corpus.cases if c.id == "gpustack-qwen3-14b-h100/random-4k")
     sim = evaluate([case], corpus, ServingCalibration.shipped())[0].simulated
     assert sim["median_itl_ms"] < 0.5 * sim["median_tpot_ms"]
-    with pytest.raises(SystemExit, match="--fit-itl"):
-        validate.main(["--fit-itl"])
+    with pytest.raises(SystemExit, match="--fit-headline"):
+        validate.main(["--fit-headline"])

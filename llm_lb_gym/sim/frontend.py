@@ -326,15 +326,15 @@ class Frontend:
 # Printed by `llm-lb-gym validate --fit` (calibration/serving.py): vLLM 0.11's OpenAI API server,
 # chat completions (GPUStack's runs: 1,000 requests of 128 / 4 tokens at once on an A100 and an H100,
 # Qwen3-8B at concurrency 1-8). docs/calibration.md.
-register_frontend("vllm-v1-api", FrontendModel(delay_s=0.02917, request_s=0.01177, prompt_token_s=1.274e-07,
-                                               first_token_s=0.002477, output_token_s=9.58e-06))
+register_frontend("vllm-v1-api", FrontendModel(delay_s=0.0319, request_s=0.01229, prompt_token_s=9.993e-08,
+                                               first_token_s=0.0005731, output_token_s=3.786e-06))
 # vLLM's completions endpoint (/v1/completions: the prompt as sent, no chat template), fitted with
 # the chat one: its per-request costs on kvcached's H100 runs (vLLM 0.19, Qwen3-0.6B, 500 requests of
 # 512 / 128 tokens at once and at 16 req/s), its per-token costs the chat frontend's (one set of
 # tokenization / detokenization code serves both endpoints). One input at a time: fitted with every
 # input sharing the CPU instead, the flood's first tokens come together late (median TTFT +23%, the
 # fit's objective 0.054 against 0.040), where the measured ones spread over the run.
-register_frontend("vllm-v1-api-completions", replace(FRONTENDS["vllm-v1-api"], delay_s=0.0202, request_s=0.006628,
+register_frontend("vllm-v1-api-completions", replace(FRONTENDS["vllm-v1-api"], delay_s=0.02, request_s=0.01,
                                                      input_workers=1))
 # llama-server (the sim-to-real backends): a lone 16-token request's streamed first token 4.7 ms
 # after the server's own prompt time (median of 8; experiments/calibrate_llamacpp.py profile).

@@ -275,8 +275,8 @@ def serving_fields(arch: ModelArchitecture, gpu: GPUDatasheet, tp: int = 1, scal
 # on an H100 at concurrency 1-8, and vLLM 0.19 serving Qwen3-0.6B on an H100 (kvcached's runs);
 # docs/calibration.md has the errors, fitted and held out.
 SERVING_SCALES.update({
-    "a100-80gb": ServingScale(linear_flops=1.02, attention_flops=2.439, bandwidth=0.9308, kv_bandwidth=0.4171),
-    "h100-80gb": ServingScale(linear_flops=0.5239, attention_flops=1.89, bandwidth=1.154, kv_bandwidth=0.6434),
+    "a100-80gb": ServingScale(linear_flops=1.066, attention_flops=2.388, bandwidth=0.9839, kv_bandwidth=0.3551),
+    "h100-80gb": ServingScale(linear_flops=0.566, attention_flops=1.699, bandwidth=1.105, kv_bandwidth=0.5415),
 })
-SERVING_CPU_S = (5.852e-05, 1.328e-08)
-SERVING_LAUNCH_SCALE = 1.335
+SERVING_CPU_S = (3.152e-05, 2.907e-05)
+SERVING_LAUNCH_SCALE = 1.156
