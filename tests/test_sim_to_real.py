@@ -51,6 +51,30 @@ def test_abort_frees_the_slot_and_blocks_of_a_running_and_a_waiting_request(engi
     assert not e.abort(2, 10.0)                 # finished: nothing to drop
 
 
+@pytest.mark.parametrize("engine_cls", ENGINES, ids=lambda c: c.__module__)
+def test_abort_under_async_scheduling_keeps_the_not_yet_scheduled_count(engine_cls):
+    """Async scheduling: requests routed to a busy instance wait for the iteration after next
+    (``pend_n``, the waiting queue's tail); dropping one of them, or one queued earlier, keeps
+    that count right, and the rest are scheduled one iteration late and finish."""
+    cfg = EngineConfig(latency=LAT, max_num_seqs=2, num_kv_blocks=64, block_size=16, max_model_len=512,
+                       async_scheduling=True)
+    tb = RequestTable([0.0] * 4, [40] * 4, [300, 5, 5, 5], [300.0, 5.0, 5.0, 5.0])
+    e = engine_cls(0, cfg, tb, fast=True, check=True)
+    e.add(0, 0.0)
+    e.advance_to(0.5)
+    for rid in (1, 2, 3):
+        e.add(rid, 0.5)
+    assert e.pend_n == 3 and e.num_waiting == 3
+    assert e.abort(3, 0.5) and e.pend_n == 2    # the last to join
+    assert e.abort(1, 0.5) and e.pend_n == 1    # the first of them
+    start = e.t                                  # the next iteration, scheduled before they came
+    e.advance_to(start + 1e-9)
+    assert e.pend_n == 0 and tb.status[2] == Status.WAITING
+    e.advance_to(100.0)
+    assert tb.first_scheduled_s[2] > start and tb.status[2] == Status.FINISHED and tb.status[0] == Status.FINISHED
+    assert e.idle() and e.free_blocks == 64
+
+
 def test_abort_keeps_compiled_and_pure_engines_equal():
     if len(ENGINES) < 2:
         pytest.skip("the compiled engine is not built (or is stale)")
