@@ -350,9 +350,11 @@ class LLMClusterEnv(gym.Env):
         ideal = self.speeds.ideal_latency_s(batch.prompt_tokens, pred.tokens)
         ttft_dl = tbt_dl = None
         if self.cfg.slo is not None:
+            fast = self.speeds.fastest_engine
             ttft_dl, tbt_dl = request_deadlines(self.cfg.slo, self.speeds.fastest_latency,
                                                 batch.prompt_tokens, batch.decode_tokens,
-                                                batch.task_id, batch.task_names)
+                                                batch.task_id, batch.task_names,
+                                                fast.frontend_model, fast.async_scheduling)
         table = RequestTable.from_batch(
             batch, pred.tokens, prompt_bucket=ob.prompt_scheme.bucket(batch.prompt_tokens),
             decode_bucket=ob.decode_scheme.bucket(pred.tokens), inv_ideal_s=1.0 / ideal,

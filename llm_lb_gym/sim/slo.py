@@ -17,9 +17,12 @@ Deadlines are set per request when the episode is drawn, from one of two bases p
 - ``ttft_s`` / ``tbt_s``: an absolute deadline, one value for the whole workload or one per task
   (keyed by the workload's task names);
 - ``ttft_multiple`` / ``tbt_multiple``: a multiple of the request's isolated latency on the
-  instances' latency model: for TTFT of its isolated prefill (``LatencyModel.prefill_s(prompt)``),
-  for TBT of its isolated decode step (one decode iteration of it alone at context prompt + 1,
-  ``isolated_decode_step_s``). One multiple, or one per task.
+  fastest instance type: for TTFT what it waits alone on an idle instance until the engine makes
+  its first token (``isolated_ttft_s``: its prefill, plus, behind an API server's frontend
+  (``engine.frontend``), the frontend's delay and input work, which the TTFT measured here
+  includes), for TBT its isolated decode step (one decode iteration of it alone at context
+  prompt + 1, ``isolated_decode_step_s``); under ``engine.async_scheduling`` each iteration the
+  longer of its GPU side and CPU step, as the engine runs it. One multiple, or one per task.
 
 Routers read the deadlines (``table.ttft_deadline_s``, ``tbt_deadline_s``), so no deadline
 depends on the true output length (which routers must not see).
@@ -151,7 +154,25 @@ class SLOConfig:
                 d.per_task(tuple(task_names))
 
 
-def isolated_decode_step_s(latency, prompt_tokens):
+def isolated_ttft_s(latency, prompt_tokens, frontend=None, overlap_cpu: bool = False):
+    """The request's TTFT alone on an idle instance as the engine records it (``first_token_s``
+    - arrival): its prefill (``overlap_cpu``: ``engine.async_scheduling``), after the frontend's
+    delay and input work if the instance has one (``frontend.FrontendModel``; its first-chunk
+    work comes after the engine's first token, and a woken server's extra ``wake_s`` depends on
+    how long it idled: neither counts). Scalars or arrays.
+
+    Why the frontend counts: a deadline of 5x an isolated TTFT that leaves out a fixed ~30 ms of
+    API-server latency is one no request meets on a fast GPU (the vLLM V1 presets: 2% of requests
+    met it under every router), so attainment no longer tells routers apart."""
+    p = np.asarray(prompt_tokens, np.float64)
+    out = latency.iteration_s(prefill_tokens=p, prefill_attn_pairs=p * (p + 1.0) / 2.0, prefill_seqs=1,
+                              overlap_cpu=overlap_cpu)
+    if frontend is not None:
+        out = out + frontend.delay_s + frontend.request_s + frontend.prompt_token_s * p
+    return out
+
+
+def isolated_decode_step_s(latency, prompt_tokens, overlap_cpu: bool = False):
     """The request's isolated decode step: one decode iteration of it alone on an idle instance
     at its first decode's context (prompt + 1 tokens). Scalars or arrays (one call per episode).
 
@@ -159,16 +180,18 @@ def isolated_decode_step_s(latency, prompt_tokens):
     router reads the deadline, so it would leak the length routers must not see (the mean step
     exceeds the first by ``decode_ctx_s x (d - 1) / 2``, about 1.5% for d = 1,000 on V100)."""
     p = np.asarray(prompt_tokens, np.float64)
-    return latency.iteration_s(decode_seqs=1, decode_ctx_tokens=p + 1.0)
+    return latency.iteration_s(decode_seqs=1, decode_ctx_tokens=p + 1.0, overlap_cpu=overlap_cpu)
 
 
 def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, task_id,
-                      task_names: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+                      task_names: tuple[str, ...], frontend=None,
+                      overlap_cpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(TTFT deadline, TBT deadline) in seconds per request; ``inf`` where a kind is off.
 
-    ``latency`` is the instances' model, used only through its methods (``prefill_s``,
-    ``iteration_s``), vectorised over the episode (one call per kind, not per request: an env
-    reset computes them). ``decode_tokens`` is not used: see ``isolated_decode_step_s``."""
+    ``latency`` is the instances' model, used only through ``iteration_s``, vectorised over the
+    episode (one call per kind, not per request: an env reset computes them); ``frontend`` and
+    ``overlap_cpu`` the same instances' ``frontend_model`` and ``async_scheduling``.
+    ``decode_tokens`` is not used: see ``isolated_decode_step_s``."""
     prompt = np.asarray(prompt_tokens, np.int64)
     del decode_tokens   # deadlines must not depend on the output length (routers read them)
     task = np.asarray(task_id, np.int64)
@@ -181,9 +204,9 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
         value = d.per_task(tuple(task_names))[task]
         if d.basis == "multiple":
             if kind == "ttft":
-                iso = np.asarray(latency.prefill_s(prompt), np.float64) + np.zeros(n)
+                iso = np.asarray(isolated_ttft_s(latency, prompt, frontend, overlap_cpu), np.float64) + np.zeros(n)
             else:
-                iso = np.asarray(isolated_decode_step_s(latency, prompt), np.float64) + np.zeros(n)
+                iso = np.asarray(isolated_decode_step_s(latency, prompt, overlap_cpu), np.float64) + np.zeros(n)
             value = value * iso
         out.append(np.asarray(value, np.float64))
     return out[0], out[1]

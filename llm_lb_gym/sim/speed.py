@@ -55,6 +55,8 @@ class InstanceSpeeds:
         self.relative_speed = [fastest / r for r in ref]
         self.fastest_latency = self.latency[ref.index(fastest)]
         """Latency model of the fastest instance type: the basis of T_j's and SLO multiples."""
+        self.fastest_engine = engines[ref.index(fastest)]
+        """Its engine config (the SLO multiples read its frontend and scheduling too)."""
         self.token_s = [r / (REFERENCE_PROMPT_TOKENS + REFERENCE_DECODE_TOKENS) for r in ref]
         self.kv_tokens = [e.total_blocks * e.block_size for e in engines]
         # Distinct latency models, for T_j (one model in a homogeneous cluster).
