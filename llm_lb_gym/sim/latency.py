@@ -204,9 +204,9 @@ class LatencyModel:
         """``[decode_ctx_at(b) for b in 0..max_seqs]``, as :meth:`decode_const_table`."""
         return self.decode_ctx_at(np.arange(max_seqs + 1)).tolist()
 
-    def prefill_s(self, prompt_tokens: int) -> float:
-        """A prefill-only iteration of one whole prompt."""
-        return self.iteration_s(prompt_tokens, causal_pairs(prompt_tokens), prefill_seqs=1)
+    def prefill_s(self, prompt_tokens: int, overlap_cpu: bool = False) -> float:
+        """A prefill-only iteration of one whole prompt (``overlap_cpu``: see ``iteration_s``)."""
+        return self.iteration_s(prompt_tokens, causal_pairs(prompt_tokens), prefill_seqs=1, overlap_cpu=overlap_cpu)
 
     def isolated_request_s(self, prompt_tokens: int, decode_tokens: int) -> float:
         """Latency of one request alone on an idle instance (prefill, then decode steps).

@@ -164,11 +164,9 @@ def isolated_ttft_s(latency, prompt_tokens, frontend=None, overlap_cpu: bool = F
     Why the frontend counts: a deadline of 5x an isolated TTFT that leaves out a fixed ~30 ms of
     API-server latency is one no request meets on a fast GPU (the vLLM V1 presets: 2% of requests
     met it under every router), so attainment no longer tells routers apart."""
-    p = np.asarray(prompt_tokens, np.float64)
-    out = latency.iteration_s(prefill_tokens=p, prefill_attn_pairs=p * (p + 1.0) / 2.0, prefill_seqs=1,
-                              overlap_cpu=overlap_cpu)
+    out = latency.prefill_s(prompt_tokens, overlap_cpu=overlap_cpu)
     if frontend is not None:
-        out = out + frontend.delay_s + frontend.request_s + frontend.prompt_token_s * p
+        out = out + frontend.delay_s + frontend.input_s(np.asarray(prompt_tokens, np.float64))
     return out
 
 
