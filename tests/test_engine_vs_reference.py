@@ -64,15 +64,16 @@ def _assert_same(table, ok, ref):
 @settings(max_examples=int(__import__("os").environ.get("LLM_LB_GYM_HYPOTHESIS_EXAMPLES", "60")), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), scheduler=st.sampled_from(["fcfs", "least_work_left", "bin_packing"]),
        chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80), max_seqs=st.integers(1, 8),
-       budget=st.integers(8, 64), fast=st.booleans())
-def test_engine_matches_reference(seed, scheduler, chunked, chunk_alloc, blocks, max_seqs, budget, fast):
+       budget=st.integers(8, 64), fast=st.booleans(), async_scheduling=st.booleans())
+def test_engine_matches_reference(seed, scheduler, chunked, chunk_alloc, blocks, max_seqs, budget, fast,
+                                  async_scheduling):
     # Small KV caches and batch limits so preemption, watermark and budget paths all occur.
     max_len = 120
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(budget, max_seqs) if chunked else max_len,
                        max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
                        kv_allocation="chunk" if chunked and chunk_alloc else "request",
-                       latency=LAT)
+                       latency=LAT, async_scheduling=async_scheduling)
     arr, p, d, pred = _workload(seed, 25, rate=20.0, max_p=60, max_d=60)
     table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, fast)
     _assert_same(table, ok, ref)

@@ -73,15 +73,15 @@ def _run_both(cfg, arr, p, d, pred, chains, H, fast=True):
           deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), scheduler=st.sampled_from(["fcfs", "least_work_left", "bin_packing"]),
        chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(16, 80), max_seqs=st.integers(1, 8),
-       budget=st.integers(8, 64), fast=st.booleans(), k=st.sampled_from([1, 2, 3]))
+       budget=st.integers(8, 64), fast=st.booleans(), k=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans())
 def test_prefix_caching_engine_matches_reference(seed, scheduler, chunked, chunk_alloc, blocks, max_seqs,
-                                                 budget, fast, k):
+                                                 budget, fast, k, async_scheduling):
     max_len = 120
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(budget, max_seqs) if chunked else max_len,
                        max_model_len=max_len, chunked_prefill=chunked, scheduler=scheduler,
                        kv_allocation="chunk" if chunked and chunk_alloc else "request",
-                       latency=LAT, enable_prefix_caching=True)
+                       latency=LAT, enable_prefix_caching=True, async_scheduling=async_scheduling)
     H = 4 * k
     arr, p, d, pred, chains = shared_prefix_workload(seed, 30, 20.0, 60, 60, H)
     table, ok, ref, stats, cluster = _run_both(cfg, arr, p, d, pred, chains, H, fast)
