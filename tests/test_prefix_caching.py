@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from llm_lb_gym.sim.cluster import Cluster
@@ -74,6 +74,12 @@ def _run_both(cfg, arr, p, d, pred, chains, H, fast=True):
 @given(seed=st.integers(0, 10_000), scheduler=st.sampled_from(["fcfs", "least_work_left", "bin_packing"]),
        chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(16, 80), max_seqs=st.integers(1, 8),
        budget=st.integers(8, 64), fast=st.booleans(), k=st.sampled_from([1, 2, 3]), async_scheduling=st.booleans())
+# Growth that evicts a preempted request's cached prefix makes its first chunk fit (2026-12-06:
+# the engine kept it blocked until the next completion, the reference admitted it at once).
+@example(seed=0, scheduler="fcfs", chunked=True, chunk_alloc=True, blocks=49, max_seqs=5, budget=8, fast=False, k=3,
+         async_scheduling=False)
+@example(seed=0, scheduler="fcfs", chunked=True, chunk_alloc=True, blocks=49, max_seqs=5, budget=8, fast=True, k=3,
+         async_scheduling=False)
 def test_prefix_caching_engine_matches_reference(seed, scheduler, chunked, chunk_alloc, blocks, max_seqs,
                                                  budget, fast, k, async_scheduling):
     max_len = 120

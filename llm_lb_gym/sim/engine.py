@@ -759,6 +759,13 @@ class Engine:
         self._sync_used()
         kv = self.kv
         free, B, bs = kv.total_blocks - kv.used, self.B, kv.bs
+        if kv.ev_blocks and self.chunk_alloc and kv.pc and (self.sched.preempted_q or self.sched.waiting_q):
+            # Growth that evicts a cached block can let a waiting request in: with per-chunk
+            # allocation its first chunk spans its cached prefix plus the budget, so once that
+            # prefix is evicted the chunk needs fewer blocks (the reference retries admission
+            # every iteration). The iteration that first evicts runs explicitly (_decode: a mixed
+            # iteration, which retries admission after growth).
+            free -= kv.ev_blocks
         span = self._g_fin_end - G
         if B * -(-span // bs) <= free:
             self._g_ex = INF
