@@ -186,7 +186,7 @@ def request_deadlines(cfg: SLOConfig, latency, prompt_tokens, decode_tokens, tas
                       overlap_cpu: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(TTFT deadline, TBT deadline) in seconds per request; ``inf`` where a kind is off.
 
-    ``latency`` is the instances' model, used only through ``iteration_s``, vectorised over the
+    ``latency`` is the instances' model, used only through ``prefill_s`` and ``iteration_s``, vectorised over the
     episode (one call per kind, not per request: an env reset computes them); ``frontend`` and
     ``overlap_cpu`` the same instances' ``frontend_model`` and ``async_scheduling``.
     ``decode_tokens`` is not used: see ``isolated_decode_step_s``."""
