@@ -21,8 +21,11 @@ the ``vllm-v1-api-completions`` one of ``/v1/completions`` clients, ``ENDPOINT_F
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
+import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -76,10 +79,20 @@ ENDPOINT_FRONTENDS = {"chat": "vllm-v1-api", "completions": "vllm-v1-api-complet
 _CONFIG_DIR: list[Path] = []
 
 
+def _remove_config_dir(path: Path, owner_pid: int) -> None:
+    """At exit, the process that made the config directory removes it (a forked worker that
+    inherited the list leaves it to its parent; every run of ``validate`` or of the tests left
+    one behind in the system temp dir before)."""
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def model_config_path(corpus: Corpus, model: str) -> str:
     """A config.json of the corpus model on disk (``engine.model_config`` reads a path)."""
     if not _CONFIG_DIR:
-        _CONFIG_DIR.append(Path(tempfile.mkdtemp(prefix="llm_lb_gym_corpus_")))
+        made = Path(tempfile.mkdtemp(prefix="llm_lb_gym_corpus_"))
+        _CONFIG_DIR.append(made)
+        atexit.register(_remove_config_dir, made, os.getpid())
     d = _CONFIG_DIR[0] / model
     path = d / "config.json"
     if not path.exists():
