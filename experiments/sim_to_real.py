@@ -454,6 +454,10 @@ def main(argv=None) -> dict:
         report.setdefault("ranking", {})[str(rate)] = verdict
     if not args.no_stream:
         lines += arrival_split(rows, routers)
+    # What re-judging the stored replays needs (``--rejudge``): the options that rebuild every
+    # request sequence and simulated server, and the machine's cores (the shared host's).
+    report["run"] = dict(args=vars(args), cores=len(os.sched_getaffinity(0)), package=__version__, command=command,
+                         probe_reference_s=probe_ref, check_reference_s=list(check_ref) if check_ref else None)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
