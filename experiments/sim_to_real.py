@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
                     help="'here': profile this machine's llama-server first (calibrate_llamacpp profile, about "
                          "2.5 min, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
                          "default: the preset (--preset)")
-    ap.add_argument("--contention", choices=CONTENTION, default="shared-host",
+    ap.add_argument("--contention", choices=CONTENTION, default=None,
                     help="how the simulated servers share the machine: 'shared-host' (sim/shared_host.py: its cores "
                          "among the busy servers and the other runnable threads measured over each replay, every "
                          "time term x the idle probe's execution slowdown), 'uniform' (every time term x the servers' "
@@ -106,7 +106,12 @@ def parser() -> argparse.ArgumentParser:
                          "idle around the replay: the cores' factor x every term, the memory system's change as a "
                          "cost per iteration), 'probe' (the CPU probe's factor x every term); with 'check' the "
                          "probe is simulated too, for comparison")
-    ap.add_argument("--out", default="runs/sim_to_real")
+    ap.add_argument("--out", default="runs/sim_to_real",
+                    help="where results.csv, summary.md and summary.json go (with --rejudge: default DIR/rejudged)")
+    ap.add_argument("--rejudge", default=None, metavar="DIR",
+                    help="no servers: simulate again the replays a run stored in DIR (its summary.json and "
+                         "profile.csv) with this package, against their served figures (--contention, --footing "
+                         "may change; every other option is the stored run's)")
     return ap
 
 
@@ -332,15 +337,15 @@ def table(summary: dict, routers, rate: float, common: str) -> list[str]:
 
 def main(argv=None) -> dict:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.rejudge:
+        return rejudge(args, argv)
+    args.contention = args.contention or CONTENTION[0]
     # SIGTERM (timeout, kill) unwinds like Ctrl-C, so the servers and the router are stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     from llm_lb_gym.extras import require
 
     require("serve", "llm-lb-gym sim_to_real")
-    from llm_lb_gym import __version__
     from llm_lb_gym.serve import llamacpp
-    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config
-    from llm_lb_gym.sim.metrics import episode_metrics
     from llm_lb_gym.serve.loadgen import summarize
 
     if args.servers < 1:
@@ -354,51 +359,26 @@ def main(argv=None) -> dict:
         raise SystemExit("sim_to_real: llama-server and the SmolLM2 GGUF are needed (--llama-server, --gguf; "
                          "docs/serving.md says how to build and fetch them)")
     args.llama_server, args.gguf = server, model
-    preset = args.preset or LLAMACPP_PRESET
-    engine = llamacpp_engine_config(args.parallel, args.ctx_tokens, preset)
-    slot = engine.context_len
-    routers = [r for r in args.routers.split(",") if r]
+    if args.repeats < 1:
+        raise SystemExit(f"sim_to_real: --repeats={args.repeats}; allowed: >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m llm_lb_gym.experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
-    lines = [f"llm_lb_gym {__version__}; `{command}`", "",
-             f"{args.requests} requests of {args.workload} "
-             f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "
-             f"{args.servers} llama-server x {args.parallel} slots x {args.ctx_tokens} tokens, one thread each; "
-             f"simulator preset {preset}; {'non-streamed' if args.no_stream else 'streamed'}", ""]
-    from llm_lb_gym.sim.frontend import resolve_frontend
-
-    if args.repeats < 1:
-        raise SystemExit(f"sim_to_real: --repeats={args.repeats}; allowed: >= 1")
-    frontend = None if args.frontend in ("none", "") else resolve_frontend(args.frontend, "--frontend")
-    engine = replace(engine, frontend=frontend)
-    probe_ref, check_ref, engines = probe_reference_s(read_rows()), None, {"probe": engine}
-    if args.profile:
-        engines, frontend, probe_ref, check_ref, profile_csv = _fitted_here(args, out, engine, frontend)
-        lines[-1:] = [f"simulator latency: the fit of {profile_csv} (profiled "
-                      f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
-    footing = args.footing or ("check" if check_ref else "probe")
-    if footing == "check" and check_ref is None:
-        raise SystemExit("sim_to_real: --footing check needs a profile with server checks (--profile here, or a CSV "
-                         "written by calibrate_llamacpp profile since 2026-12-06); allowed: --footing probe")
-    engine = engines[footing]
-    lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
-                  f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)"
-                  + (f"; server check reference {check_ref[0] * 1e3:.2f} ms per prompt token, {check_ref[1] * 1e3:.2f} "
-                     f"ms per one-stream decode step (the profile's medians)" if check_ref else "")
-                  + f"; footing {footing}", ""]
-    rows, report = [], {}
+    sims = _simulators(args, out, command)
+    routers = [r for r in args.routers.split(",") if r]
+    probe_ref, check_ref = sims["probe_ref"], sims["check_ref"]
+    rows, per_rate = [], {}
     for rate in _rates(args.rates):
-        per_repeat = []
+        per_rate[rate] = []
         for k in range(args.repeats):
             rep_args = replace_seed(args, args.seed + k)
-            batch = sample(rep_args, rate, slot)
+            batch = sample(rep_args, rate, sims["slot"])
             order = routers[k % len(routers):] + routers[:k % len(routers)]   # rotated: drift hits each alike
             summary = {}
             for router in order:
                 load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
-                res, got = replay_real(args, batch, router, slot, preset)
+                res, got = replay_real(args, batch, router, sims["slot"], sims["preset"])
                 wall = time.monotonic() - t0
                 execution = got["probe"] / probe_ref if probe_ref == probe_ref else 1.0
                 compute, extra = check_footing(*got["check"], *check_ref) if check_ref else (float("nan"), float("nan"))
@@ -408,7 +388,6 @@ def main(argv=None) -> dict:
                                        probe_during_factor=got["probe_during"] / probe_ref if probe_ref == probe_ref else 1.0,
                                        check_prefill_s=got["check"][0], check_decode_s=got["check"][1],
                                        check_compute_factor=compute, check_extra_s=extra, wall_s=wall)
-                summary[router + " (sim, as profiled)"] = simulate(batch, router, engine, args.servers, rep_args.seed)
                 rows += [dict(rate_rps=rate, repeat=k, router=router, **r.__dict__) for r in res]
                 check_text = (f"; check x{compute:.2f} {extra * 1e3:+.2f} ms per iteration ({got['check'][0] * 1e3:.2f} ms "
                               f"per prompt token, {got['check'][1] * 1e3:.2f} ms per decode step)" if check_ref else "")
@@ -418,55 +397,176 @@ def main(argv=None) -> dict:
                       f"{execution:.2f} (probe, servers idle; x{summary[router]['probe_during_factor']:.2f} during the "
                       f"replay) = x{summary[router]['speed_factor']:.2f}{check_text}; mean E2E served "
                       f"{summary[router]['mean_e2e_s']:.3f} s", file=sys.stderr, flush=True)
-            # Each replay is simulated with what was measured over it, under both contention
-            # models; the routers also at one speed (the medians), the ranking a machine of
-            # fixed speed gives.
-            common = {key: float(np.median([summary[r][key] for r in routers]))
-                      for key in ("speed_factor", "execution_factor", "background_threads", "waits_factor",
-                                  "check_compute_factor", "check_extra_s")}
-            for router in routers:
-                clusters = simulate_contention(batch, router, engines, footing, args.servers, rep_args.seed,
-                                               summary[router])
-                for model, cluster in clusters.items():
-                    summary[f"{router} (sim, {model})"] = episode_metrics(cluster.table)
-                shared = clusters["shared-host"]
-                summary[router]["predicted_waits"] = sum(shared.busy_real_s) / max(sum(shared.busy_work_s), 1e-12)
-                summary[router + " (sim)"] = summary[f"{router} (sim, {args.contention})"]
-                one = simulate_contention(batch, router, engines, footing, args.servers, rep_args.seed, common,
-                                          args.contention)
-                summary[router + " (sim, one speed)"] = episode_metrics(one[args.contention].table)
-                tb = clusters[args.contention].table
+            per_rate[rate].append({r: summary[r] for r in routers})
+    # What re-judging the stored replays needs (``--rejudge``): the options that rebuild every
+    # request sequence and simulated server, and the machine's cores (the shared host's).
+    run = dict(args=vars(args), cores=len(os.sched_getaffinity(0)), package=sims["package"], command=command,
+               probe_reference_s=probe_ref, check_reference_s=list(check_ref) if check_ref else None)
+    return judge(args, sims, per_rate, rows, run, out)
+
+
+def _simulators(args, out: Path, command: str, profile: str | None = None) -> dict:
+    """The simulated servers of a run (``args``: its options): the engine per footing, the
+    footing, the probe and check references, the slot context, and the summary's header lines.
+    ``profile`` replaces ``args.profile`` (re-judging reads the stored run's CSV)."""
+    from llm_lb_gym import __version__
+    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config
+    from llm_lb_gym.sim.frontend import resolve_frontend
+
+    preset = args.preset or LLAMACPP_PRESET
+    engine = llamacpp_engine_config(args.parallel, args.ctx_tokens, preset)
+    slot = engine.context_len
+    lines = [f"llm_lb_gym {__version__}; `{command}`", "",
+             f"{args.requests} requests of {args.workload} "
+             f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "
+             f"{args.servers} llama-server x {args.parallel} slots x {args.ctx_tokens} tokens, one thread each; "
+             f"simulator preset {preset}; {'non-streamed' if args.no_stream else 'streamed'}", ""]
+    frontend = None if args.frontend in ("none", "") else resolve_frontend(args.frontend, "--frontend")
+    engine = replace(engine, frontend=frontend)
+    probe_ref, check_ref, engines = probe_reference_s(read_rows()), None, {"probe": engine}
+    profile = profile or args.profile
+    if profile:
+        engines, frontend, probe_ref, check_ref, profile_csv = _fitted_here(args, out, engine, frontend, profile)
+        lines[-1:] = [f"simulator latency: the fit of {profile_csv} (profiled "
+                      f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
+    footing = args.footing or ("check" if check_ref else "probe")
+    if footing == "check" and check_ref is None:
+        raise SystemExit("sim_to_real: --footing check needs a profile with server checks (--profile here, or a CSV "
+                         "written by calibrate_llamacpp profile since 2026-12-06); allowed: --footing probe")
+    lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
+                  f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)"
+                  + (f"; server check reference {check_ref[0] * 1e3:.2f} ms per prompt token, {check_ref[1] * 1e3:.2f} "
+                     f"ms per one-stream decode step (the profile's medians)" if check_ref else "")
+                  + f"; footing {footing}", ""]
+    return dict(engines=engines, footing=footing, probe_ref=probe_ref, check_ref=check_ref, slot=slot, preset=preset,
+                lines=lines, package=__version__)
+
+
+def judge_repeat(batch, routers, summary: dict, sims: dict, servers: int, seed: int, contention: str,
+                 cores: int) -> dict:
+    """One repeat's replays simulated from their readings: fills ``summary`` (router -> served
+    metrics and readings) with each router's "(sim, as profiled)", "(sim, MODEL)" for every
+    contention model, "(sim)" (the chosen ``contention``), "(sim, one speed)" (the routers at the
+    median readings: the ranking a machine of fixed speed gives) and ``predicted_waits``;
+    returns the common readings and each router's finished table under ``contention``."""
+    from llm_lb_gym.sim.metrics import episode_metrics
+
+    engines, footing = sims["engines"], sims["footing"]
+    for router in routers:
+        summary[router + " (sim, as profiled)"] = simulate(batch, router, engines[footing], servers, seed)
+    common = {key: float(np.median([summary[r][key] for r in routers]))
+              for key in ("speed_factor", "execution_factor", "background_threads", "waits_factor",
+                          "check_compute_factor", "check_extra_s")}
+    tables = {}
+    for router in routers:
+        clusters = simulate_contention(batch, router, engines, footing, servers, seed, summary[router], cores=cores)
+        for model, cluster in clusters.items():
+            summary[f"{router} (sim, {model})"] = episode_metrics(cluster.table)
+        shared = clusters["shared-host"]
+        summary[router]["predicted_waits"] = sum(shared.busy_real_s) / max(sum(shared.busy_work_s), 1e-12)
+        summary[router + " (sim)"] = summary[f"{router} (sim, {contention})"]
+        one = simulate_contention(batch, router, engines, footing, servers, seed, common, contention, cores=cores)
+        summary[router + " (sim, one speed)"] = episode_metrics(one[contention].table)
+        tables[router] = clusters[contention].table
+    return common, tables
+
+
+def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Path) -> dict:
+    """Simulate every replay of ``per_rate`` (rate -> per repeat, router -> served metrics and
+    readings), set the simulated times beside the served ones in ``rows`` (results.csv; may be
+    empty), and write results.csv, summary.md and summary.json in ``out``."""
+    routers = [r for r in args.routers.split(",") if r]
+    lines, report = list(sims["lines"]), {}
+    for rate, served in per_rate.items():
+        per_repeat = []
+        for k, summary in enumerate(served):
+            rep_args = replace_seed(args, args.seed + k)
+            batch = sample(rep_args, rate, sims["slot"])
+            common, tables = judge_repeat(batch, routers, summary, sims, args.servers, rep_args.seed,
+                                          args.contention, run["cores"])
+            for router, tb in tables.items():
                 first = np.asarray(tb.seen_first_token_s if tb.frontends else tb.first_token_s)
                 end = np.asarray(tb.seen_finish_s if tb.frontends else tb.finish_s)
                 states = arrival_states(tb.arrival_s, end, tb.instance)
                 for row in rows:   # this replay's rows: the simulated times beside the served ones
-                    if row["rate_rps"] == rate and row["repeat"] == k and row["router"] == router:
-                        i = row["index"]
+                    if float(row["rate_rps"]) == rate and int(row["repeat"]) == k and row["router"] == router:
+                        i = int(row["index"])
                         row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
                                    sim_instance=int(tb.instance[i]), arrival_state=states[i])
             if args.repeats == 1:
-                lines += table(summary, routers, rate, _speed_label(common, footing, args.contention))
+                lines += table(summary, routers, rate, _speed_label(common, sims["footing"], args.contention))
             per_repeat.append(summary)
         paired, verdict = paired_table(per_repeat, routers, rate)
         lines += paired + contention_table(per_repeat, routers)
         report[str(rate)] = per_repeat[0]
         report.setdefault("repeats", {})[str(rate)] = per_repeat
         report.setdefault("ranking", {})[str(rate)] = verdict
-    if not args.no_stream:
+    if rows and not args.no_stream:
         lines += arrival_split(rows, routers)
-    # What re-judging the stored replays needs (``--rejudge``): the options that rebuild every
-    # request sequence and simulated server, and the machine's cores (the shared host's).
-    report["run"] = dict(args=vars(args), cores=len(os.sched_getaffinity(0)), package=__version__, command=command,
-                         probe_reference_s=probe_ref, check_reference_s=list(check_ref) if check_ref else None)
-    with open(out / "results.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    report["run"] = run
+    out.mkdir(parents=True, exist_ok=True)
+    if rows:
+        with open(out / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     (out / "summary.json").write_text(json.dumps(report, indent=1, default=float))
     print(text)
     return report
+
+
+def rejudge(args, argv=None) -> dict:
+    """``--rejudge DIR``: the replays stored in DIR (a run's summary.json, and its profile.csv when
+    it profiled the machine) simulated again by this package, without servers: the served
+    figures and the readings are the stored ones, the request sequences are rebuilt from the
+    stored options and seeds, and the simulator is the one installed now.
+
+    Why: the served side of a replay costs an hour of a quiet machine; the simulated side is
+    seconds. A change to the simulator (or to a contention model, ``--contention``; a footing,
+    ``--footing``) is judged against the real servers of every stored run at once, and a stored
+    run is a regression test (``tests/test_sim_to_real.py`` re-judges the committed one)."""
+    src = Path(args.rejudge)
+    path = src / "summary.json"
+    if not path.is_file():
+        raise SystemExit(f"sim_to_real: --rejudge {src}: no summary.json there; allowed: the --out directory of a "
+                         "sim_to_real run")
+    stored = json.loads(path.read_text())
+    run = stored.get("run")
+    if run is None:
+        raise SystemExit(f"sim_to_real: --rejudge {path}: no 'run' record (written before package 0.7.0's "
+                         "2026-12-06 revision); re-judging needs the options it stores")
+    known = vars(parser().parse_args([]))
+    unknown = sorted(set(run["args"]) - set(known))
+    if unknown:
+        raise SystemExit(f"sim_to_real: --rejudge {path}: options {', '.join(unknown)} unknown to this version")
+    old = argparse.Namespace(**{**known, **run["args"]})
+    old.rejudge = None
+    for key in ("contention", "footing"):   # what a re-judgement may change
+        if getattr(args, key) is not None:
+            setattr(old, key, getattr(args, key))
+    old.contention = old.contention or CONTENTION[0]
+    profile = None
+    if old.profile:
+        profile = str(src / "profile.csv") if old.profile == "here" else old.profile
+        if not Path(profile).is_file() and (src / Path(profile).name).is_file():
+            profile = str(src / Path(profile).name)
+        if not Path(profile).is_file():
+            raise SystemExit(f"sim_to_real: --rejudge {src}: the run's profile {profile} is missing; allowed: "
+                             "the run's profile.csv beside its summary.json")
+    out = Path(args.out if args.out != parser().get_default("out") else src / "rejudged")
+    command = "python -m llm_lb_gym.experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
+    sims = _simulators(old, out, command + f" (stored run: `{run['command']}`, package {run['package']})", profile)
+    routers = [r for r in old.routers.split(",") if r]
+    served_keys = lambda d: {k: v for k, v in d.items() if k != "predicted_waits"}   # noqa: E731
+    per_rate = {float(rate): [{r: served_keys(rep[r]) for r in routers} for rep in reps]
+                for rate, reps in stored["repeats"].items()}
+    rows = []
+    if (src / "results.csv").is_file():
+        with open(src / "results.csv", newline="") as f:
+            rows = [dict(r, ttft_s=float(r["ttft_s"]) if r["ttft_s"] else float("nan")) for r in csv.DictReader(f)]
+    return judge(old, sims, per_rate, rows, run, out)
 
 
 PROFILE_REPEATS = 5
@@ -476,7 +576,7 @@ missed its own points by 10.6% / 16.7% (median, prefill / decode), more than the
 profile beside a training job."""
 
 
-def _fitted_here(args, out: Path, engine, frontend):
+def _fitted_here(args, out: Path, engine, frontend, profile: str):
     """The engines per footing (``FOOTINGS``: "probe" always, "check" where the profile has
     server checks), frontend, probe and check references and CSV of a profile of this machine
     (``--profile``).
@@ -486,14 +586,14 @@ def _fitted_here(args, out: Path, engine, frontend):
     measured during a replay removes a difference that was there before it: a profile taken on
     the machine itself, just before the replays, leaves only the contention that changes during
     the run to the correction."""
-    if args.profile == "here":
+    if profile == "here":
         path = out / "profile.csv"
         # The profile command, run as a user runs it (entry points do not import each other).
         subprocess.run([sys.executable, "-m", "llm_lb_gym.experiments.calibrate_llamacpp", "profile",
                         "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path),
                         "--repeats", str(PROFILE_REPEATS)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     else:
-        path = Path(args.profile)   # checked to exist by main
+        path = Path(profile)   # checked to exist by main (by rejudge: the stored run's)
     rows = read_rows(path)
     check_ref = check_reference_s(rows)
     delay = frontend_delay_s(path)
@@ -514,7 +614,7 @@ def _fitted_here(args, out: Path, engine, frontend):
 
 
 def simulate_contention(batch, router: str, engines: dict, footing: str, n: int, seed: int, got: dict,
-                        only: str | None = None) -> dict:
+                        only: str | None = None, cores: int | None = None) -> dict:
     """One replay simulated under each contention model (``CONTENTION``, or ``only`` that one)
     from its readings ``got`` (``waits_factor``, ``execution_factor`` (probe),
     ``check_compute_factor`` and ``check_extra_s`` (server checks), ``background_threads``) with
@@ -537,7 +637,8 @@ def simulate_contention(batch, router: str, engines: dict, footing: str, n: int,
                if f == "check" else scaled_latency(base, got["execution_factor"] * waits))
         return replace(engines[f], latency=lat)
 
-    host = SharedHost(cores=float(len(os.sched_getaffinity(0))), background_threads=got["background_threads"])
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores   # a stored run's, when re-judged
+    host = SharedHost(cores=float(cores), background_threads=got["background_threads"])
     out = {}
     if only in (None, "shared-host"):
         out["shared-host"] = simulate_cluster(batch, router, executed(footing, 1.0), n, seed, host)
