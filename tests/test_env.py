@@ -228,6 +228,23 @@ def test_ideal_latency_matches_the_latency_model():
     assert got[1] == pytest.approx(lat.isolated_request_s(1000, 1000))
 
 
+def test_ideal_latency_behind_a_frontend_counts_its_delay_and_input_work():
+    """T_j (and the reward's weight 1/T_j) as the client sees a lone request: behind an API
+    server's frontend, its delay and input work on top of the engine's ideal latency; the same
+    engine without one gives the engine's alone, bit for bit as before the frontend counted."""
+    fe = {"delay_s": 0.03, "request_s": 0.01, "prompt_token_s": 1e-5}
+    plain, behind = LLMClusterEnv(**SMALL), LLMClusterEnv(**SMALL, engine={"frontend": fe})
+    plain.reset(seed=3)
+    behind.reset(seed=3)
+    a, b = plain.cluster.table, behind.cluster.table
+    p, d = np.array(a.prompt), np.array(a.pred)
+    lat = EngineConfig().latency_model
+    assert np.array_equal(np.array(a.inv_ideal), 1.0 / ideal_latency_s(lat, p, d))
+    want = ideal_latency_s(lat, p, d) + 0.03 + (0.01 + 1e-5 * p)
+    assert np.array(b.prompt).tolist() == p.tolist()
+    assert 1.0 / np.array(b.inv_ideal) == pytest.approx(want, rel=1e-12)
+
+
 @pytest.mark.parametrize("options", [SMALL, dict(num_requests=150, arrival_rate_rps=60.0),
                                      dict(num_requests=100, engine={"chunked_prefill": True})])
 def test_batched_fast_forward_equals_tick_by_tick(options):

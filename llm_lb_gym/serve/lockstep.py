@@ -28,7 +28,7 @@ from ..routers.drive import run_router
 from ..sim.clock import run_on_arrival, run_on_grid
 from ..sim.cluster import Cluster
 from ..sim.config import ClusterConfig
-from ..sim.latency import ideal_latency_s
+from ..sim.speed import ideal_s
 from ..sim.request import RequestTable, Status
 from .dispatch import Dispatcher
 from .sim_backend import engine_load
@@ -39,8 +39,8 @@ _RUNNING, _FINISHED = int(Status.RUNNING), int(Status.FINISHED)
 
 def inv_ideal(cluster_cfg: ClusterConfig, batch) -> np.ndarray:
     """1 / ideal latency per request, as the env and the service compute it."""
-    lat = cluster_cfg.engines[0].latency_model
-    return 1.0 / ideal_latency_s(lat, batch.prompt_tokens, batch.decode_tokens)
+    e = cluster_cfg.engines[0]
+    return 1.0 / ideal_s(e.latency_model, e.frontend_model, batch.prompt_tokens, batch.decode_tokens)
 
 
 class _Recorder:

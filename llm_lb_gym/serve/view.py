@@ -40,20 +40,21 @@ import math
 from collections import deque
 
 from ..sim.iteration_timing import IterationTiming
-from ..sim.latency import ideal_latency_s
+from ..sim.speed import ideal_s
 from ..sim.request import Status
 from .scrape import BackendLoad
 
 _QUEUED, _WAITING, _RUNNING = int(Status.QUEUED), int(Status.WAITING), int(Status.RUNNING)
 
 
-def inv_ideal_function(latency):
+def inv_ideal_function(latency, frontend=None):
     """``(prompt_tokens, max_tokens) -> 1 / ideal latency``, as the env fills ``inv_ideal``
-    (``sim.latency.ideal_latency_s``; late_binding's ``shortest`` order reads it), cached."""
+    (``sim.speed.ideal_s``: behind ``frontend`` if the backends' engine has one; late_binding's
+    ``shortest`` order and scored_binding's score read it), cached."""
 
     @functools.lru_cache(maxsize=1 << 16)
     def inv(prompt_tokens: int, max_tokens: int) -> float:
-        return float(1.0 / ideal_latency_s(latency, [prompt_tokens], [float(max_tokens)])[0])
+        return float(1.0 / ideal_s(latency, frontend, [prompt_tokens], [float(max_tokens)])[0])
 
     return inv
 

@@ -51,6 +51,8 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any, Mapping
 
+import numpy as np
+
 from .._validate import ConfigError, check_range, lookup
 
 INF = math.inf
@@ -111,6 +113,14 @@ class FrontendModel:
 
     def input_s(self, prompt_tokens: int) -> float:
         return self.request_s + self.prompt_token_s * prompt_tokens
+
+    def seen_s(self, engine_s, prompt_tokens):
+        """A lone request's time in the engine (``engine_s``: its TTFT, or its whole latency) as
+        its client sees it: after the delay and its input work. Its output work (first chunk,
+        further tokens) is left out: on an idle server it runs while the request decodes and
+        ends before the engine does. Scalars or arrays (the SLO's isolated TTFT and the
+        reward's ideal latency T_j add it alike)."""
+        return engine_s + self.delay_s + self.input_s(np.asarray(prompt_tokens, np.float64))
 
     def wake_delay_s(self, idle_s: float) -> float:
         """The extra delay of a request reaching the server after ``idle_s`` idle (``wake_s``)."""

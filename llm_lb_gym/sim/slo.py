@@ -166,7 +166,7 @@ def isolated_ttft_s(latency, prompt_tokens, frontend=None, overlap_cpu: bool = F
     met it under every router), so attainment no longer tells routers apart."""
     out = latency.prefill_s(prompt_tokens, overlap_cpu=overlap_cpu)
     if frontend is not None:
-        out = out + frontend.delay_s + frontend.input_s(np.asarray(prompt_tokens, np.float64))
+        out = frontend.seen_s(out, prompt_tokens)
     return out
 
 

@@ -15,8 +15,13 @@ one thing everywhere:
   (0, 1], 1 for the fastest (the observation's ``speed`` feature);
 - **KV size** ``kv_tokens[i]`` = i's KV-cache blocks x block size;
 - **ideal latency** T_j of the env's reward: j's service time on the instance that serves it
-  fastest (the minimum over the cluster's latency models). It stays a per-request constant known
-  at arrival, and no routing choice can beat it, so 1/T_j weighs every request by its best case.
+  fastest (the minimum over the cluster's latency models), as its client sees it: behind an API
+  server's frontend (``engine.frontend``) after the frontend's delay and input work
+  (``FrontendModel.seen_s``; the SLO's isolated TTFT adds the same). It stays a per-request
+  constant known at arrival, and no routing choice can beat it, so 1/T_j weighs every request
+  by its best case. Why the frontend counts: a 128 / 4-token request on an H100 takes ~20 ms in
+  the engine and ~45 ms more in vLLM's API server; without it the penalty charged such a
+  request three times its real slowdown.
 
 Load-balancing routers compare backlogs in seconds: backlog tokens x ``token_s[i]``, ties to the
 faster instance (``routers/base.load_s``, which says why the request's own service time is not
@@ -59,8 +64,8 @@ class InstanceSpeeds:
         """Its engine config (the SLO multiples read its frontend and scheduling too)."""
         self.token_s = [r / (REFERENCE_PROMPT_TOKENS + REFERENCE_DECODE_TOKENS) for r in ref]
         self.kv_tokens = [e.total_blocks * e.block_size for e in engines]
-        # Distinct latency models, for T_j (one model in a homogeneous cluster).
-        self._models = list(dict.fromkeys(self.latency))
+        # Distinct (latency model, frontend) pairs, for T_j (one pair in a homogeneous cluster).
+        self._models = list(dict.fromkeys((e.latency_model, e.frontend_model) for e in engines))
 
     def service_s(self, instance: int, prompt_tokens: int, pred_decode_tokens: float) -> float:
         """Estimated service time (s) of a request alone on ``instance`` (predicted decode length,
@@ -73,9 +78,18 @@ class InstanceSpeeds:
         return work_tokens * self.token_s[instance]
 
     def ideal_latency_s(self, prompt_tokens, pred_decode_tokens) -> np.ndarray:
-        """T_j of the env's reward: the least service time over the cluster's latency models."""
+        """T_j of the env's reward: the least ideal latency over the cluster's instance types."""
         models = self._models
-        out = ideal_latency_s(models[0], prompt_tokens, pred_decode_tokens)
-        for lat in models[1:]:
-            out = np.minimum(out, ideal_latency_s(lat, prompt_tokens, pred_decode_tokens))
+        out = ideal_s(*models[0], prompt_tokens, pred_decode_tokens)
+        for lat, frontend in models[1:]:
+            out = np.minimum(out, ideal_s(lat, frontend, prompt_tokens, pred_decode_tokens))
         return out
+
+
+def ideal_s(latency, frontend, prompt_tokens, pred_decode_tokens) -> np.ndarray:
+    """A request's ideal latency on one instance type: alone on it, its predicted decode length
+    (``latency.ideal_latency_s``), as the client sees it behind ``frontend`` (None: none). The
+    env's T_j (the least over a cluster's types), the router service's (``serve/view.py``) and
+    the lockstep check's (``serve/lockstep.py``) all come from here."""
+    out = ideal_latency_s(latency, prompt_tokens, pred_decode_tokens)
+    return out if frontend is None else frontend.seen_s(out, prompt_tokens)
