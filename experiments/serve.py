@@ -45,13 +45,17 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--model", action="append", default=None, help="model name served (repeat)")
     r.add_argument("--context-tokens", type=int, default=4096)
     r.add_argument("--tokenizer", default=None, help="local HF tokenizer directory")
-    r.add_argument("--preset", default="llama2-7b-v100")
+    r.add_argument("--engine", default=None,
+                   help="the backends' engine as the simulator models it: a conf/engine name (vllm_v1_h100, ...) "
+                        "or a YAML file of its fields; it then sets the latency model, async scheduling, frontend, "
+                        "KV blocks, block size and batch slots (instead of the four options below)")
+    r.add_argument("--preset", default=None, help="latency preset of the estimates (default llama2-7b-v100)")
     r.add_argument("--decision-interval-s", type=float, default=0.02)
     r.add_argument("--poll-interval-s", type=float, default=0.25)
     r.add_argument("--num-blocks", type=int, default=None,
                    help="KV blocks per backend that does not export them (default: the preset's)")
-    r.add_argument("--block-size", type=int, default=16)
-    r.add_argument("--max-seqs", type=int, default=128)
+    r.add_argument("--block-size", type=int, default=None, help="(default 16)")
+    r.add_argument("--max-seqs", type=int, default=None, help="batch slots per backend (default 128)")
     r.add_argument("--max-attempts", type=int, default=3,
                    help="backends tried per request before its first byte (default 3)")
     faults = r.add_argument_group("faults (docs/serving.md, Faults)")
@@ -76,9 +80,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("sim", help="a simulated backend")
     s.add_argument("--model", default="sim-model")
-    s.add_argument("--preset", default="llama2-7b-v100")
+    s.add_argument("--engine", default=None,
+                   help="a conf/engine name (vllm_v1_h100, ...) or a YAML file of EngineConfig fields; "
+                        "--max-num-seqs and --num-kv-blocks override it when given")
+    s.add_argument("--preset", default=None, help="latency preset (default llama2-7b-v100; not with --engine)")
     s.add_argument("--time-scale", type=float, default=1.0)
-    s.add_argument("--max-num-seqs", type=int, default=128)
+    s.add_argument("--max-num-seqs", type=int, default=None, help="(default 128, or the engine's)")
     s.add_argument("--num-kv-blocks", type=int, default=None)
     for p in (r, s):
         p.add_argument("--host", default="127.0.0.1")
@@ -96,6 +103,34 @@ def _fault_options(args) -> dict:
     return {k: getattr(args, k) for k in _FAULT_OPTIONS if getattr(args, k, None) is not None}
 
 
+def engine_options(spec: str) -> dict:
+    """``--engine SPEC``: the fields of a ``conf/engine`` file named SPEC (``vllm_v1_h100``), or
+    of the YAML file SPEC; what ``engine=SPEC`` gives an experiment, so the service estimates
+    with the engine a router was trained on."""
+    from pathlib import Path
+
+    import yaml
+
+    from llm_lb_gym._validate import ConfigError
+    from llm_lb_gym.experiments._hydra import CONF_DIR
+
+    path = Path(spec)
+    if not path.is_file():
+        named = Path(CONF_DIR) / "engine" / f"{spec}.yaml"
+        if not named.is_file():
+            names = sorted(p.stem for p in (Path(CONF_DIR) / "engine").glob("*.yaml"))
+            raise ConfigError(f"--engine {spec}: no such file or conf/engine name; allowed: a YAML file or one of "
+                              f"{', '.join(names)}")
+        path = named
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--engine {path}: not YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--engine {path}: expected a mapping of EngineConfig fields, found {type(data).__name__}")
+    return data
+
+
 def build_app(args):
     from llm_lb_gym._validate import ConfigError
 
@@ -104,8 +139,14 @@ def build_app(args):
             from llm_lb_gym.serve.sim_backend import SimBackendConfig, create_app
             from llm_lb_gym.sim.config import EngineConfig
 
-            eng = EngineConfig(preset=args.preset, max_num_seqs=args.max_num_seqs,
-                               num_kv_blocks=args.num_kv_blocks)
+            if args.engine and args.preset:
+                raise ConfigError(f"--engine {args.engine} sets the latency model: drop --preset {args.preset}")
+            opts = engine_options(args.engine) if args.engine else {"preset": args.preset or "llama2-7b-v100",
+                                                                   "max_num_seqs": 128}
+            for key, value in (("max_num_seqs", args.max_num_seqs), ("num_kv_blocks", args.num_kv_blocks)):
+                if value is not None:
+                    opts[key] = value
+            eng = EngineConfig(**opts)
             return create_app(SimBackendConfig(model=args.model, engine=eng, time_scale=args.time_scale))
         from llm_lb_gym.serve.config import RouterServiceConfig
         from llm_lb_gym.serve.router_app import create_app
@@ -115,13 +156,19 @@ def build_app(args):
         name = args.router or "round_robin"
         opts = served_router_options(args.options_from, name)
         opts.update(typed_router_options(name, args.option))
+        backend = {k: getattr(args, k) for k in ("preset", "num_blocks", "block_size", "max_seqs")
+                   if getattr(args, k) is not None}
+        if args.engine:
+            if backend:
+                raise ConfigError(f"--engine {args.engine} sets the latency model, KV blocks, block size and batch "
+                                  f"slots: drop {', '.join('--' + k.replace('_', '-') for k in backend)}")
+            backend = {"engine": engine_options(args.engine)}
         cfg = RouterServiceConfig(
             backends=tuple(args.backend), router=name, router_options=opts,
             models=tuple(args.model or ["sim-model"]), context_tokens=args.context_tokens,
-            tokenizer=args.tokenizer, preset=args.preset, decision_interval_s=args.decision_interval_s,
-            poll_interval_s=args.poll_interval_s, num_blocks=args.num_blocks, block_size=args.block_size,
-            max_seqs=args.max_seqs, max_attempts=args.max_attempts, seed=args.seed,
-            assemble_upstream=args.assemble_upstream, **_fault_options(args))
+            tokenizer=args.tokenizer, decision_interval_s=args.decision_interval_s,
+            poll_interval_s=args.poll_interval_s, max_attempts=args.max_attempts, seed=args.seed,
+            assemble_upstream=args.assemble_upstream, **backend, **_fault_options(args))
         router = None
         if args.policy:
             fallback = None if args.router is None and not (args.option or args.options_from) else name

@@ -413,6 +413,49 @@ def test_service_config_names_bad_options():
                                        router_options={"nope": 1}))
 
 
+def test_the_service_and_a_simulated_backend_take_a_conf_engine():
+    """``--engine vllm_v1_a100`` (what ``engine=vllm_v1_a100`` gives an experiment): the
+    service's views time their estimates with that engine (latency model, async scheduling, KV
+    blocks, batch slots), its routers' ideal latencies count its API server's frontend, and the
+    simulated backend runs it: a lone request's TTFT carries the frontend's ~44 ms. The four
+    options it replaces are refused beside it, by name."""
+    from llm_lb_gym._validate import ConfigError
+    from llm_lb_gym.experiments.serve import build_app, engine_options, parser
+    from llm_lb_gym.serve.service import RouterService
+    from llm_lb_gym.sim.speed import ideal_s
+
+    opts = dict(engine_options("vllm_v1_a100"), async_scheduling=True)
+    eng = EngineConfig(**opts)
+    svc = RouterService(RouterServiceConfig(backends=("http://127.0.0.1:1",), engine=opts))
+    v = svc.views[0]
+    assert (v.async_scheduling, v.total_blocks, v.max_seqs, v.bs) == (True, eng.total_blocks, eng.max_num_seqs, 16)
+    assert svc.latency == eng.latency_model
+    fe = eng.frontend_model
+    assert fe is not None
+    assert 1.0 / svc.inv_ideal(300, 20) == pytest.approx(float(ideal_s(eng.latency_model, fe, [300], [20.0])[0]))
+    engine_alone = float(ideal_s(eng.latency_model, None, [300], [20.0])[0])
+    assert 1.0 / svc.inv_ideal(300, 20) - engine_alone == pytest.approx(fe.delay_s + fe.input_s(300))
+    with pytest.raises(ConfigError, match="engine is given.*max_seqs=64 would be ignored"):
+        RouterServiceConfig(backends=("http://127.0.0.1:1",), engine=opts, max_seqs=64)
+    with pytest.raises(ConfigError, match="engine: unknown field.*bogus.*allowed: preset"):
+        RouterServiceConfig(backends=("http://127.0.0.1:1",), engine=dict(opts, bogus=1))
+    with pytest.raises(SystemExit, match="--engine nope: no such file or conf/engine name; allowed: .*vllm_v1_h100"):
+        build_app(parser().parse_args(["router", "--port", "0", "--backend", "http://127.0.0.1:1", "--engine", "nope"]))
+    with pytest.raises(SystemExit, match="drop --max-seqs"):
+        build_app(parser().parse_args(["router", "--port", "0", "--backend", "http://127.0.0.1:1",
+                                       "--engine", "vllm_v1_a100", "--max-seqs", "8"]))
+    backend = build_app(parser().parse_args(["sim", "--port", "0", "--engine", "vllm_v1_a100"]))
+    with ServerThread(backend) as b:
+        router = build_app(parser().parse_args(["router", "--port", "0", "--backend", b.url,
+                                                "--engine", "vllm_v1_a100", "--router", "late_binding"]))
+        with ServerThread(router) as r:
+            res = asyncio.run(replay(r.url, [0.0, 0.5], [100, 100], [5, 5], model=MODEL))
+    ahead = fe.delay_s + fe.input_s(100)
+    for x in res:
+        assert x.error is None and x.tokens == 5
+        assert x.ttft_s >= ahead + eng.latency_model.prefill_s(100) - 1e-3, (x.ttft_s, ahead)
+
+
 @pytest.fixture(scope="module")
 def policy_dir(tmp_path_factory):
     """An ``llm-lb-gym train``-shaped run directory with a (fresh, untrained) Double-DQN for two

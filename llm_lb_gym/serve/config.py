@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
 
 from .._validate import ConfigError, check_int, check_range
 
@@ -23,6 +24,9 @@ def served_routers() -> tuple[str, ...]:
 
     return tuple(r for r in ROUTERS if r not in UNSERVED_ROUTERS)
 
+
+_ENGINE_SETS = ("preset", "num_blocks", "block_size", "max_seqs")
+"""The service's options that ``engine`` replaces (set one or the other, never both)."""
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 _NULL = ("null", "none", "~", "")
@@ -121,6 +125,15 @@ class RouterServiceConfig:
     hardware model gives ``preset`` at ``block_size`` (``kv_blocks``), the one place it is set."""
     max_seqs: int = 128
     """Batch slots per backend (late_binding releases only while one is free)."""
+    engine: Any = None
+    """The backends' engine as the simulator models it: a ``sim.config.EngineConfig`` or a
+    mapping of its fields (``serve router --engine`` reads a ``conf/engine`` file). When set it
+    is the one source of the views' timing (its latency model and async scheduling), of the
+    routers' ideal latencies (behind its frontend) and of the KV blocks, block size and batch
+    slots assumed for backends that do not export them, so ``preset``, ``num_blocks``,
+    ``block_size`` and ``max_seqs`` stay at their defaults. Why: a router trained with
+    ``engine=vllm_v1_h100`` (the serving fit's latency, vLLM V1's defaults, its API server's
+    frontend) is served with that engine's estimates, which no latency preset names."""
     max_attempts: int = 3
     """Backends tried per request before its first byte (connection errors, 5xx, timeouts,
     broken or malformed streams are retried elsewhere; then a 502 naming the last error)."""
@@ -167,6 +180,23 @@ class RouterServiceConfig:
     seed: int = 0
     """Seed of the router's generator (random, power_of_two)."""
 
+    def _check_engine(self) -> None:
+        from ..sim.config import EngineConfig
+
+        if isinstance(self.engine, Mapping):
+            names = [f.name for f in fields(EngineConfig)]
+            unknown = sorted(str(k) for k in self.engine if k not in names)
+            if unknown:
+                raise ConfigError(f"engine: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
+            object.__setattr__(self, "engine", EngineConfig(**dict(self.engine)))
+        if not isinstance(self.engine, EngineConfig):
+            raise ConfigError(f"engine={self.engine!r}; allowed: None, an EngineConfig or a mapping of its fields")
+        defaults = {f.name: f.default for f in fields(type(self)) if f.name in _ENGINE_SETS}
+        given = [f"{k}={getattr(self, k)!r}" for k, v in defaults.items() if getattr(self, k) != v]
+        if given:
+            raise ConfigError(f"engine is given, which sets the latency model, KV blocks, block size and batch "
+                              f"slots; {', '.join(given)} would be ignored: drop it, or set it in the engine")
+
     @property
     def health(self):
         """The probe and breaker thresholds (``health.HealthConfig``)."""
@@ -177,12 +207,42 @@ class RouterServiceConfig:
 
     @property
     def kv_blocks(self) -> int:
-        """``num_blocks``, or the preset's KV blocks at ``block_size`` from the hardware model."""
+        """``engine``'s KV blocks, ``num_blocks``, or the preset's at ``block_size`` from the
+        hardware model."""
+        if self.engine is not None:
+            return self.engine.total_blocks
         if self.num_blocks is not None:
             return self.num_blocks
         from ..sim.config import EngineConfig
 
         return EngineConfig(preset=self.preset, block_size=self.block_size).total_blocks
+
+    @property
+    def latency_model(self):
+        """The backends' iteration-time model: ``engine``'s, else ``preset``'s."""
+        if self.engine is not None:
+            return self.engine.latency_model
+        from ..sim.latency import get_preset
+
+        return get_preset(self.preset).latency
+
+    @property
+    def backend_block_size(self) -> int:
+        return self.engine.block_size if self.engine is not None else self.block_size
+
+    @property
+    def backend_max_seqs(self) -> int:
+        return self.engine.max_num_seqs if self.engine is not None else self.max_seqs
+
+    @property
+    def async_scheduling(self) -> bool:
+        """Whether the backends overlap their CPU step with the GPU (``engine.async_scheduling``)."""
+        return bool(self.engine is not None and self.engine.async_scheduling)
+
+    @property
+    def frontend_model(self):
+        """The backends' API-server frontend as the simulator models it (None: none)."""
+        return self.engine.frontend_model if self.engine is not None else None
 
     def __post_init__(self) -> None:
         if not self.backends:
@@ -205,6 +265,8 @@ class RouterServiceConfig:
         if self.num_blocks is not None:
             check_int("num_blocks", self.num_blocks, 1)
         check_int("max_seqs", self.max_seqs, 1)
+        if self.engine is not None:
+            self._check_engine()
         check_int("max_attempts", self.max_attempts, 1, 100)
         if not isinstance(self.assemble_upstream, bool):
             raise ConfigError(f"assemble_upstream={self.assemble_upstream!r}: allowed: True, False")

@@ -23,7 +23,6 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from ..routers.registry import make_router
-from ..sim.latency import get_preset
 from .config import RouterServiceConfig
 from .dispatch import Dispatcher
 from .health import BackendHealth
@@ -47,13 +46,13 @@ class RouterService:
         self.cfg = cfg
         self.count = make_counter(cfg.tokenizer)
         self.router = make_router(cfg.router, **cfg.router_options) if router is None else router
-        self.latency = get_preset(cfg.preset).latency
-        self.inv_ideal = inv_ideal_function(self.latency)
+        self.latency = cfg.latency_model
+        self.inv_ideal = inv_ideal_function(self.latency, cfg.frontend_model)
         self.rng = np.random.default_rng(cfg.seed)
         self.table = ServiceTable()
-        self.views = [BackendView(i, url.rstrip("/"), self.table, block_size=cfg.block_size,
-                                  num_blocks=cfg.kv_blocks, max_seqs=cfg.max_seqs,
-                                  latency=self.latency, stale_s=cfg.stale_s)
+        self.views = [BackendView(i, url.rstrip("/"), self.table, block_size=cfg.backend_block_size,
+                                  num_blocks=cfg.kv_blocks, max_seqs=cfg.backend_max_seqs,
+                                  latency=self.latency, stale_s=cfg.stale_s, async_scheduling=cfg.async_scheduling)
                       for i, url in enumerate(cfg.backends)]
         hc = cfg.health
         for v in self.views:
