@@ -45,28 +45,27 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
-
-from llm_lb_gym.calibration.calibrate import rounded
-from llm_lb_gym.experiments._cli_args import key_values
 from llm_lb_gym.experiments._contention import (
     ProbeSampler, bracket_reading_s, check_footing, probe_s, server_check_s)
-from llm_lb_gym.experiments._llamacpp_profile import (
-    FOOTINGS, check_reference_s, fit, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points)
+from llm_lb_gym.experiments._llamacpp_profile import FOOTINGS
+from llm_lb_gym.experiments._sim_to_real_judge import (
+    DECISION_INTERVAL_S, DEFAULT_WORKLOAD_OPTIONS, _simulators, judge, replace_seed, sample, simulate,
+    simulate_cluster, simulate_contention)
+from llm_lb_gym.experiments._sim_to_real_tables import (
+    ARRIVAL_STATES, CONTENTION, STATS, arrival_split, arrival_states, contention_table, paired_table, ranking, table)
 
-STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
-DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
+__all__ = ["ARRIVAL_STATES", "CONTENTION", "STATS", "arrival_split", "arrival_states", "contention_table", "main",
+           "paired_table", "parser", "ranking", "rejudge", "simulate", "simulate_cluster", "simulate_contention",
+           "table"]
+"""The command, and what its tests and users read from it (the judging and the tables live in
+``_sim_to_real_judge.py`` and ``_sim_to_real_tables.py``)."""
+
 EXTRA_BODY = {"ignore_eos": True, "cache_prompt": False, "temperature": 0.0}
 """Fields every replayed request carries: exactly ``max_tokens`` tokens, every prompt token
 computed (llama.cpp would otherwise reuse a slot's cached prefix: the prompts here repeat one
 word), greedy sampling (the cheapest sampler; the fit measured the same)."""
-DECISION_INTERVAL_S = 0.02
-"""The holding routers' decision period, served and simulated alike."""
-CONTENTION = ("shared-host", "uniform")
-"""The two models of the machine the servers share (``--contention``); "(sim)" is the chosen one."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -115,8 +114,6 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
-
-
 def _rates(text: str) -> list[float]:
     try:
         rates = [float(r) for r in text.split(",") if r]
@@ -125,71 +122,6 @@ def _rates(text: str) -> list[float]:
     if not rates or any(r <= 0 for r in rates):
         raise SystemExit(f"sim_to_real: --rates {text!r}; allowed: comma-separated numbers > 0")
     return rates
-
-
-def sample(args, rate: float, slot_tokens: int):
-    from llm_lb_gym.workload import make_workload
-
-    opts = {"max_context_tokens": slot_tokens, "rate_rps": rate}
-    opts.update(key_values(args.workload_option if args.workload_option is not None else DEFAULT_WORKLOAD_OPTIONS, "sim_to_real: -w"))
-    return make_workload(args.workload, **opts).sample(np.random.default_rng(args.seed), args.requests)
-
-
-def simulate(batch, router: str, engine, n: int, seed: int, host=None) -> dict:
-    """The requests through the simulator: ``n`` instances of ``engine``, oracle predictions
-    (= max_tokens, as the router service predicts them: it knows max_tokens only); ``host``:
-    the instances share its cores (``sim/shared_host.py``), None: a core each."""
-    from llm_lb_gym.sim.metrics import episode_metrics
-
-    return episode_metrics(simulate_cluster(batch, router, engine, n, seed, host).table)
-
-
-def simulate_cluster(batch, router: str, engine, n: int, seed: int, host=None):
-    """As :func:`simulate`, the finished cluster (its table: per-request times, client-side with
-    a frontend, the instance each request went to; on a shared host each instance's busy time)."""
-    from llm_lb_gym.routers.drive import run_router
-    from llm_lb_gym.routers.registry import make_router
-    from llm_lb_gym.sim.config import ClusterConfig
-
-    r = make_router(router)
-    cluster = run_router(batch, ClusterConfig(num_instances=n, engine=engine), r, np.random.default_rng(seed),
-                         DECISION_INTERVAL_S if r.defers else 0.0, host=host)
-    for fe in cluster.table.frontends:
-        fe.flush()
-    return cluster
-
-
-ARRIVAL_STATES = ("cluster idle", "other instance busy", "own instance busy")
-
-
-def arrival_states(arrival_s, finish_s, instance) -> list[str]:
-    """Each request's simulated state when it arrived: no other request in flight anywhere, others
-    in flight on other instances only, or another on its own instance. Why: the contention
-    correction is one slowdown per replay, while on a shared machine a server computes slower
-    at the moments the others do; the TTFT error per state shows whether that is what is missed
-    (docs/serving.md)."""
-    arr, fin, inst = (np.asarray(x) for x in (arrival_s, finish_s, instance))
-    out = []
-    for i in range(len(arr)):
-        live = (arr < arr[i]) & (fin > arr[i])
-        out.append(ARRIVAL_STATES[2] if np.any(live & (inst == inst[i]))
-                   else ARRIVAL_STATES[1] if np.any(live) else ARRIVAL_STATES[0])
-    return out
-
-
-def arrival_split(rows: list[dict], routers) -> list[str]:
-    """Mean TTFT served and simulated (at each replay's slowdown) per router and arrival state,
-    over every load and repeat: ``rows`` of results.csv with ``sim_ttft_s`` and ``arrival_state``."""
-    lines = ["mean TTFT by the simulated state at arrival (every load and repeat; simulated at each replay's "
-             "slowdown):", "", "| router | state | requests | served (s) | sim (s) | sim/served - 1 |", "|---|---|---|---|---|---|"]
-    for router in routers:
-        for state in ARRIVAL_STATES:
-            xs = [(r["ttft_s"], r["sim_ttft_s"]) for r in rows if r["router"] == router and r.get("arrival_state") == state
-                  and r["ttft_s"] == r["ttft_s"] and r["sim_ttft_s"] == r["sim_ttft_s"]]
-            if xs:
-                served, sim = (float(np.mean(v)) for v in zip(*xs))
-                lines.append(f"| {router} | {state} | {len(xs)} | {served:.3f} | {sim:.3f} | {sim / served - 1:+.1%} |")
-    return lines + [""]
 
 
 def start_router(urls, router: str, args, slot_tokens: int, preset: str):
@@ -296,45 +228,6 @@ async def warm_up(urls) -> None:
                 await r.read()
 
 
-def ranking(summary: dict, routers, key: str, suffix: str) -> list[str]:
-    return sorted(routers, key=lambda r: summary[r + suffix][key])
-
-
-def _speed_label(common: dict, footing: str, contention: str) -> str:
-    """How the one-speed simulation was scaled, for the ranking lines."""
-    waits = f"x{common['waits_factor']:.2f} (waits) " if contention == "uniform" else ""
-    if footing == "check":
-        return f"{waits}x{common['check_compute_factor']:.2f} {common['check_extra_s'] * 1e3:+.2f} ms per iteration"
-    return f"{waits}x{common['execution_factor']:.2f}"
-
-
-def table(summary: dict, routers, rate: float, common: str) -> list[str]:
-    """Served; simulated at the replay's measured slowdown; simulated as profiled (a core of its
-    own); per router, with simulated / served - 1 of the means; then the rankings."""
-    head = "| router | " + " | ".join(s.replace("_s", " (s)").replace("_", " ") for s in STATS) + \
-        " | errors | mean E2E sim/real | mean TTFT sim/real |"
-    lines = [f"**{rate:g} req/s**", "", head, "|" + "---|" * (len(STATS) + 4)]
-    for r in routers:
-        real = summary[r]
-        for name in (r, r + " (sim)", r + " (sim, as profiled)"):
-            s = summary[name]
-            cells = " | ".join(f"{s[k]:.3f}" for k in STATS)
-            errs = s.get("errors", s.get("rejected", 0))
-            ratio = " | "
-            if name != r:
-                ratio = (f"{s['mean_e2e_s'] / real['mean_e2e_s'] - 1:+.1%} | "
-                         f"{s['mean_ttft_s'] / real['mean_ttft_s'] - 1:+.1%}")
-            lines.append(f"| {name} | {cells} | {errs:.0f} | {ratio} |")
-    lines.append("")
-    for key in ("mean_e2e_s", "mean_ttft_s"):
-        a = ranking(summary, routers, key, "")
-        for suffix, what in ((" (sim)", "simulated"), (" (sim, one speed)", f"simulated at one speed {common}")):
-            b = ranking(summary, routers, key, suffix)
-            lines.append(f"ranking by {key}: served {' < '.join(a)}; {what} {' < '.join(b)}: "
-                         f"{'same' if a == b else 'DIFFERENT'}  ")
-    return lines
-
-
 def main(argv=None) -> dict:
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.rejudge:
@@ -405,118 +298,6 @@ def main(argv=None) -> dict:
     return judge(args, sims, per_rate, rows, run, out)
 
 
-def _simulators(args, out: Path, command: str, profile: str | None = None) -> dict:
-    """The simulated servers of a run (``args``: its options): the engine per footing, the
-    footing, the probe and check references, the slot context, and the summary's header lines.
-    ``profile`` replaces ``args.profile`` (re-judging reads the stored run's CSV)."""
-    from llm_lb_gym import __version__
-    from llm_lb_gym.serve.llamacpp_sim import LLAMACPP_PRESET, llamacpp_engine_config
-    from llm_lb_gym.sim.frontend import resolve_frontend
-
-    preset = args.preset or LLAMACPP_PRESET
-    engine = llamacpp_engine_config(args.parallel, args.ctx_tokens, preset)
-    slot = engine.context_len
-    lines = [f"llm_lb_gym {__version__}; `{command}`", "",
-             f"{args.requests} requests of {args.workload} "
-             f"{' '.join(args.workload_option or DEFAULT_WORKLOAD_OPTIONS)} (slot context {slot}), seed {args.seed}; "
-             f"{args.servers} llama-server x {args.parallel} slots x {args.ctx_tokens} tokens, one thread each; "
-             f"simulator preset {preset}; {'non-streamed' if args.no_stream else 'streamed'}", ""]
-    frontend = None if args.frontend in ("none", "") else resolve_frontend(args.frontend, "--frontend")
-    engine = replace(engine, frontend=frontend)
-    probe_ref, check_ref, engines = probe_reference_s(read_rows()), None, {"probe": engine}
-    profile = profile or args.profile
-    if profile:
-        engines, frontend, probe_ref, check_ref, profile_csv = _fitted_here(args, out, engine, frontend, profile)
-        lines[-1:] = [f"simulator latency: the fit of {profile_csv} (profiled "
-                      f"{'at the start of this run' if args.profile == 'here' else 'before'}), not preset {preset}", ""]
-    footing = args.footing or ("check" if check_ref else "probe")
-    if footing == "check" and check_ref is None:
-        raise SystemExit("sim_to_real: --footing check needs a profile with server checks (--profile here, or a CSV "
-                         "written by calibrate_llamacpp profile since 2026-12-06); allowed: --footing probe")
-    lines[-1:] = [f"frontend {args.frontend}; {args.repeats} repeat(s) per load (paired: the routers of a repeat "
-                  f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)"
-                  + (f"; server check reference {check_ref[0] * 1e3:.2f} ms per prompt token, {check_ref[1] * 1e3:.2f} "
-                     f"ms per one-stream decode step (the profile's medians)" if check_ref else "")
-                  + f"; footing {footing}", ""]
-    return dict(engines=engines, footing=footing, probe_ref=probe_ref, check_ref=check_ref, slot=slot, preset=preset,
-                lines=lines, package=__version__)
-
-
-def judge_repeat(batch, routers, summary: dict, sims: dict, servers: int, seed: int, contention: str,
-                 cores: int) -> dict:
-    """One repeat's replays simulated from their readings: fills ``summary`` (router -> served
-    metrics and readings) with each router's "(sim, as profiled)", "(sim, MODEL)" for every
-    contention model, "(sim)" (the chosen ``contention``), "(sim, one speed)" (the routers at the
-    median readings: the ranking a machine of fixed speed gives) and ``predicted_waits``;
-    returns the common readings and each router's finished table under ``contention``."""
-    from llm_lb_gym.sim.metrics import episode_metrics
-
-    engines, footing = sims["engines"], sims["footing"]
-    for router in routers:
-        summary[router + " (sim, as profiled)"] = simulate(batch, router, engines[footing], servers, seed)
-    common = {key: float(np.median([summary[r][key] for r in routers]))
-              for key in ("speed_factor", "execution_factor", "background_threads", "waits_factor",
-                          "check_compute_factor", "check_extra_s")}
-    tables = {}
-    for router in routers:
-        clusters = simulate_contention(batch, router, engines, footing, servers, seed, summary[router], cores=cores)
-        for model, cluster in clusters.items():
-            summary[f"{router} (sim, {model})"] = episode_metrics(cluster.table)
-        shared = clusters["shared-host"]
-        summary[router]["predicted_waits"] = sum(shared.busy_real_s) / max(sum(shared.busy_work_s), 1e-12)
-        summary[router + " (sim)"] = summary[f"{router} (sim, {contention})"]
-        one = simulate_contention(batch, router, engines, footing, servers, seed, common, contention, cores=cores)
-        summary[router + " (sim, one speed)"] = episode_metrics(one[contention].table)
-        tables[router] = clusters[contention].table
-    return common, tables
-
-
-def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Path) -> dict:
-    """Simulate every replay of ``per_rate`` (rate -> per repeat, router -> served metrics and
-    readings), set the simulated times beside the served ones in ``rows`` (results.csv; may be
-    empty), and write results.csv, summary.md and summary.json in ``out``."""
-    routers = [r for r in args.routers.split(",") if r]
-    lines, report = list(sims["lines"]), {}
-    for rate, served in per_rate.items():
-        per_repeat = []
-        for k, summary in enumerate(served):
-            rep_args = replace_seed(args, args.seed + k)
-            batch = sample(rep_args, rate, sims["slot"])
-            common, tables = judge_repeat(batch, routers, summary, sims, args.servers, rep_args.seed,
-                                          args.contention, run["cores"])
-            for router, tb in tables.items():
-                first = np.asarray(tb.seen_first_token_s if tb.frontends else tb.first_token_s)
-                end = np.asarray(tb.seen_finish_s if tb.frontends else tb.finish_s)
-                states = arrival_states(tb.arrival_s, end, tb.instance)
-                for row in rows:   # this replay's rows: the simulated times beside the served ones
-                    if float(row["rate_rps"]) == rate and int(row["repeat"]) == k and row["router"] == router:
-                        i = int(row["index"])
-                        row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
-                                   sim_instance=int(tb.instance[i]), arrival_state=states[i])
-            if args.repeats == 1:
-                lines += table(summary, routers, rate, _speed_label(common, sims["footing"], args.contention))
-            per_repeat.append(summary)
-        paired, verdict = paired_table(per_repeat, routers, rate)
-        lines += paired + contention_table(per_repeat, routers)
-        report[str(rate)] = per_repeat[0]
-        report.setdefault("repeats", {})[str(rate)] = per_repeat
-        report.setdefault("ranking", {})[str(rate)] = verdict
-    if rows and not args.no_stream:
-        lines += arrival_split(rows, routers)
-    report["run"] = run
-    out.mkdir(parents=True, exist_ok=True)
-    if rows:
-        with open(out / "results.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-    text = "\n".join(lines) + "\n"
-    (out / "summary.md").write_text(text)
-    (out / "summary.json").write_text(json.dumps(report, indent=1, default=float))
-    print(text)
-    return report
-
-
 def rejudge(args, argv=None) -> dict:
     """``--rejudge DIR``: the replays stored in DIR (a run's summary.json, and its profile.csv when
     it profiled the machine) simulated again by this package, without servers: the served
@@ -567,168 +348,6 @@ def rejudge(args, argv=None) -> dict:
         with open(src / "results.csv", newline="") as f:
             rows = [dict(r, ttft_s=float(r["ttft_s"]) if r["ttft_s"] else float("nan")) for r in csv.DictReader(f)]
     return judge(old, sims, per_rate, rows, run, out)
-
-
-PROFILE_REPEATS = 5
-"""Repeats per point of ``--profile here`` (calibrate_llamacpp's default is 3): on a quiet VM of
-package 0.7.0 the probe alone varied 3.7-6.2 ms between points and a 3-repeat profile's fit
-missed its own points by 10.6% / 16.7% (median, prefill / decode), more than the same machine's
-profile beside a training job."""
-
-
-def _fitted_here(args, out: Path, engine, frontend, profile: str):
-    """The engines per footing (``FOOTINGS``: "probe" always, "check" where the profile has
-    server checks), frontend, probe and check references and CSV of a profile of this machine
-    (``--profile``).
-
-    Why: the VMs this runs on differ in speed from session to session (in package 0.7.0 the CPU
-    probe alone took 6.2 ms on one against the shipped profile's 3.8 ms), and no correction
-    measured during a replay removes a difference that was there before it: a profile taken on
-    the machine itself, just before the replays, leaves only the contention that changes during
-    the run to the correction."""
-    if profile == "here":
-        path = out / "profile.csv"
-        # The profile command, run as a user runs it (entry points do not import each other).
-        subprocess.run([sys.executable, "-m", "llm_lb_gym.experiments.calibrate_llamacpp", "profile",
-                        "--llama-server", args.llama_server, "--gguf", args.gguf, "--out", str(path),
-                        "--repeats", str(PROFILE_REPEATS)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    else:
-        path = Path(profile)   # checked to exist by main (by rejudge: the stored run's)
-    rows = read_rows(path)
-    check_ref = check_reference_s(rows)
-    delay = frontend_delay_s(path)
-    if frontend is not None and delay is not None:
-        # A lone request's first token can reach the client a hair before the server's own
-        # prompt time says it should (measured here: -0.6 us, clock noise): no delay, not a negative one.
-        # A server woken from idleness answers later than back to back (the profile's wake
-        # points; none in profiles taken before they were measured).
-        frontend = replace(frontend, delay_s=max(delay, 0.0), wake_s=wake_points(path))
-        engine = replace(engine, frontend=frontend)
-    engines = {}
-    for footing in FOOTINGS if check_ref else ("probe",):
-        try:
-            engines[footing] = replace(engine, latency=rounded(fit(read_points(path, footing)).model))
-        except ValueError as e:
-            raise SystemExit(f"sim_to_real: --profile: {e}") from None
-    return engines, frontend, probe_reference_s(rows), check_ref, path
-
-
-def simulate_contention(batch, router: str, engines: dict, footing: str, n: int, seed: int, got: dict,
-                        only: str | None = None, cores: int | None = None) -> dict:
-    """One replay simulated under each contention model (``CONTENTION``, or ``only`` that one)
-    from its readings ``got`` (``waits_factor``, ``execution_factor`` (probe),
-    ``check_compute_factor`` and ``check_extra_s`` (server checks), ``background_threads``) with
-    the engine of ``footing`` (``engines``: footing -> engine config, each fitted on its own
-    footing): name -> finished cluster. With footing "check" and no ``only``, also the shared
-    host on the probe's footing ("shared-host, probe"), so both readings meet the same replays.
-
-    Why two contention models: the uniform correction scales every iteration by the slowdown
-    averaged over the replay, while a server computes slower exactly when the other server does
-    (on two cores, with anything else runnable, they share them); the shared host
-    (``sim/shared_host.py``) models that moment by moment from the machine's cores and the other
-    threads' mean demand, and leaves the servers' waits to be predicted (``predicted_waits``)
-    instead of read."""
-    from llm_lb_gym.serve.llamacpp_sim import phase_scaled_latency, scaled_latency
-    from llm_lb_gym.sim.shared_host import SharedHost
-
-    def executed(f: str, waits: float):
-        base = engines[f].latency_model
-        lat = (phase_scaled_latency(base, got["check_compute_factor"] * waits, got["check_extra_s"] * waits)
-               if f == "check" else scaled_latency(base, got["execution_factor"] * waits))
-        return replace(engines[f], latency=lat)
-
-    cores = len(os.sched_getaffinity(0)) if cores is None else cores   # a stored run's, when re-judged
-    host = SharedHost(cores=float(cores), background_threads=got["background_threads"])
-    out = {}
-    if only in (None, "shared-host"):
-        out["shared-host"] = simulate_cluster(batch, router, executed(footing, 1.0), n, seed, host)
-    if only in (None, "uniform"):
-        out["uniform"] = simulate_cluster(batch, router, executed(footing, got["waits_factor"]), n, seed)
-    if only is None and footing == "check":
-        out["shared-host, probe"] = simulate_cluster(batch, router, executed("probe", 1.0), n, seed, host)
-    return out
-
-
-def contention_table(per_repeat: list[dict], routers) -> list[str]:
-    """Every contention model simulated (both, and the shared host on the probe's footing where
-    the run's footing is the server checks) against the served means over the repeats of one
-    load, with the servers' waits measured (schedstat) and as the shared host predicts them, and
-    the execution readings (the probe's factor; the checks' factor and cost per iteration)."""
-    first = per_repeat[0][routers[0]]
-    models = [m for m in (*CONTENTION, "shared-host, probe") if f"{routers[0]} (sim, {m})" in per_repeat[0]]
-    names = " | ".join(m.replace("-", " ") for m in models)
-    checked = first.get("check_compute_factor", float("nan")) == first.get("check_compute_factor", float("nan"))
-    lines = ["the contention models (sim/served - 1 of the means over the repeats):", "",
-             f"| router | mean E2E: {names} | mean TTFT: {names} | waits measured | predicted (shared host) | "
-             "other runnable threads | probe factor |" + (" check factor, ms per iteration |" if checked else ""),
-             "|---|" + "---|" * (2 * len(models) + 4 + checked)]
-    for r in routers:
-        def mean(suffix, key):
-            return float(np.mean([s[r + suffix][key] for s in per_repeat]))
-        cells = []
-        for key in ("mean_e2e_s", "mean_ttft_s"):
-            cells += [f"{mean(f' (sim, {m})', key) / mean('', key) - 1:+.1%}" for m in models]
-        lines.append(f"| {r} | {' | '.join(cells)} | x{mean('', 'waits_factor'):.2f} | "
-                     f"x{mean('', 'predicted_waits'):.2f} | {mean('', 'background_threads'):.2f} | "
-                     f"x{mean('', 'execution_factor'):.2f} |"
-                     + (f" x{mean('', 'check_compute_factor'):.2f} {mean('', 'check_extra_s') * 1e3:+.2f} |" if checked else ""))
-    return lines + [""]
-
-
-def replace_seed(args, seed: int):
-    out = argparse.Namespace(**vars(args))
-    out.seed = seed
-    return out
-
-
-def _ci(x) -> tuple[float, float]:
-    """Mean and 95% half-width (Student's t over the repeats; NaN with one)."""
-    from scipy import stats
-
-    x = np.asarray(x, float)
-    if len(x) < 2:
-        return float(x.mean()), float("nan")
-    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
-
-
-def paired_table(per_repeat: list[dict], routers, rate: float) -> tuple[list[str], dict]:
-    """Over the repeats of one load: served vs simulated (each replay at its own measured
-    slowdown) per router, and every pair of routers' paired difference, served and simulated at
-    one speed, with 95% CIs; "resolved" = the served CI excludes 0. Returns the lines and the
-    verdict (pairs, resolved, same sign among the resolved), which is what the issue's ranking
-    target reads: the ranking of routers whose real difference exceeds the run-to-run noise."""
-    lines = [f"**{rate:g} req/s, {len(per_repeat)} repeat(s)**", "",
-             "| router | mean E2E served (s) | sim (s) | sim/served - 1 (ratio of the means; max abs per replay) | "
-             "mean TTFT served (s) | sim (s) | sim/served - 1 (ratio of the means; max abs) | slowdown (waits x probe) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in routers:
-        def col(suffix, key):
-            return np.array([s[r + suffix][key] for s in per_repeat])
-        e_real, e_sim = col("", "mean_e2e_s"), col(" (sim)", "mean_e2e_s")
-        t_real, t_sim = col("", "mean_ttft_s"), col(" (sim)", "mean_ttft_s")
-        e_err, t_err = e_sim / e_real - 1, t_sim / t_real - 1
-        f = " ".join(f"x{s[r]['waits_factor']:.2f}x{s[r]['execution_factor']:.2f}" for s in per_repeat)
-        lines.append(f"| {r} | {e_real.mean():.3f} | {e_sim.mean():.3f} | {e_sim.mean() / e_real.mean() - 1:+.1%}; "
-                     f"{np.abs(e_err).max():.1%} | {t_real.mean():.3f} | {t_sim.mean():.3f} | "
-                     f"{t_sim.mean() / t_real.mean() - 1:+.1%}; {np.abs(t_err).max():.1%} | {f} |")
-    lines += ["", "paired differences (mean E2E, s; 95% CI over repeats; the second router minus the first):", ""]
-    verdict = {"pairs": 0, "resolved": 0, "same_sign": 0}
-    for i, a in enumerate(routers):
-        for b in routers[i + 1:]:
-            d_real = [s[b]["mean_e2e_s"] - s[a]["mean_e2e_s"] for s in per_repeat]
-            d_sim = [s[b + " (sim, one speed)"]["mean_e2e_s"] - s[a + " (sim, one speed)"]["mean_e2e_s"] for s in per_repeat]
-            (mr, hr), (ms, hs) = _ci(d_real), _ci(d_sim)
-            resolved = bool(hr == hr and abs(mr) > hr)
-            agree = bool(np.sign(mr) == np.sign(ms))
-            verdict["pairs"] += 1
-            verdict["resolved"] += resolved
-            verdict["same_sign"] += resolved and agree
-            lines.append(f"- {b} - {a}: served {mr:+.3f} +- {hr:.3f}, simulated (one speed) {ms:+.3f} +- {hs:.3f}: "
-                         f"{'resolved' if resolved else 'within the noise'}"
-                         f"{(', same sign' if agree else ', OPPOSITE sign') if resolved else ''}  ")
-    lines += ["", f"resolved: {verdict['resolved']} of {verdict['pairs']} pairs; the simulator's sign agrees in "
-                  f"{verdict['same_sign']} of {verdict['resolved']}", ""]
-    return lines, verdict
 
 
 if __name__ == "__main__":

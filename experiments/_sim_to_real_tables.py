@@ -1,0 +1,162 @@
+"""Sim-to-real's tables: served against simulated per router and load, the rankings, the
+paired differences with their CIs (which router pairs the served runs resolve, and whether the
+simulator's sign agrees), the contention models side by side and the TTFT split by the state a
+request found at arrival (``experiments/sim_to_real.py`` writes them into ``summary.md``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+CONTENTION = ("shared-host", "uniform")
+"""The two models of the machine the servers share (``--contention``); "(sim)" is the chosen one."""
+
+
+STATS = ("mean_e2e_s", "p50_e2e_s", "p99_e2e_s", "mean_ttft_s", "p50_ttft_s", "p99_ttft_s")
+
+
+ARRIVAL_STATES = ("cluster idle", "other instance busy", "own instance busy")
+
+
+def arrival_states(arrival_s, finish_s, instance) -> list[str]:
+    """Each request's simulated state when it arrived: no other request in flight anywhere, others
+    in flight on other instances only, or another on its own instance. Why: the contention
+    correction is one slowdown per replay, while on a shared machine a server computes slower
+    at the moments the others do; the TTFT error per state shows whether that is what is missed
+    (docs/serving.md)."""
+    arr, fin, inst = (np.asarray(x) for x in (arrival_s, finish_s, instance))
+    out = []
+    for i in range(len(arr)):
+        live = (arr < arr[i]) & (fin > arr[i])
+        out.append(ARRIVAL_STATES[2] if np.any(live & (inst == inst[i]))
+                   else ARRIVAL_STATES[1] if np.any(live) else ARRIVAL_STATES[0])
+    return out
+
+
+def arrival_split(rows: list[dict], routers) -> list[str]:
+    """Mean TTFT served and simulated (at each replay's slowdown) per router and arrival state,
+    over every load and repeat: ``rows`` of results.csv with ``sim_ttft_s`` and ``arrival_state``."""
+    lines = ["mean TTFT by the simulated state at arrival (every load and repeat; simulated at each replay's "
+             "slowdown):", "", "| router | state | requests | served (s) | sim (s) | sim/served - 1 |", "|---|---|---|---|---|---|"]
+    for router in routers:
+        for state in ARRIVAL_STATES:
+            xs = [(r["ttft_s"], r["sim_ttft_s"]) for r in rows if r["router"] == router and r.get("arrival_state") == state
+                  and r["ttft_s"] == r["ttft_s"] and r["sim_ttft_s"] == r["sim_ttft_s"]]
+            if xs:
+                served, sim = (float(np.mean(v)) for v in zip(*xs))
+                lines.append(f"| {router} | {state} | {len(xs)} | {served:.3f} | {sim:.3f} | {sim / served - 1:+.1%} |")
+    return lines + [""]
+
+
+def ranking(summary: dict, routers, key: str, suffix: str) -> list[str]:
+    return sorted(routers, key=lambda r: summary[r + suffix][key])
+
+
+def _speed_label(common: dict, footing: str, contention: str) -> str:
+    """How the one-speed simulation was scaled, for the ranking lines."""
+    waits = f"x{common['waits_factor']:.2f} (waits) " if contention == "uniform" else ""
+    if footing == "check":
+        return f"{waits}x{common['check_compute_factor']:.2f} {common['check_extra_s'] * 1e3:+.2f} ms per iteration"
+    return f"{waits}x{common['execution_factor']:.2f}"
+
+
+def table(summary: dict, routers, rate: float, common: str) -> list[str]:
+    """Served; simulated at the replay's measured slowdown; simulated as profiled (a core of its
+    own); per router, with simulated / served - 1 of the means; then the rankings."""
+    head = "| router | " + " | ".join(s.replace("_s", " (s)").replace("_", " ") for s in STATS) + \
+        " | errors | mean E2E sim/real | mean TTFT sim/real |"
+    lines = [f"**{rate:g} req/s**", "", head, "|" + "---|" * (len(STATS) + 4)]
+    for r in routers:
+        real = summary[r]
+        for name in (r, r + " (sim)", r + " (sim, as profiled)"):
+            s = summary[name]
+            cells = " | ".join(f"{s[k]:.3f}" for k in STATS)
+            errs = s.get("errors", s.get("rejected", 0))
+            ratio = " | "
+            if name != r:
+                ratio = (f"{s['mean_e2e_s'] / real['mean_e2e_s'] - 1:+.1%} | "
+                         f"{s['mean_ttft_s'] / real['mean_ttft_s'] - 1:+.1%}")
+            lines.append(f"| {name} | {cells} | {errs:.0f} | {ratio} |")
+    lines.append("")
+    for key in ("mean_e2e_s", "mean_ttft_s"):
+        a = ranking(summary, routers, key, "")
+        for suffix, what in ((" (sim)", "simulated"), (" (sim, one speed)", f"simulated at one speed {common}")):
+            b = ranking(summary, routers, key, suffix)
+            lines.append(f"ranking by {key}: served {' < '.join(a)}; {what} {' < '.join(b)}: "
+                         f"{'same' if a == b else 'DIFFERENT'}  ")
+    return lines
+
+
+def contention_table(per_repeat: list[dict], routers) -> list[str]:
+    """Every contention model simulated (both, and the shared host on the probe's footing where
+    the run's footing is the server checks) against the served means over the repeats of one
+    load, with the servers' waits measured (schedstat) and as the shared host predicts them, and
+    the execution readings (the probe's factor; the checks' factor and cost per iteration)."""
+    first = per_repeat[0][routers[0]]
+    models = [m for m in (*CONTENTION, "shared-host, probe") if f"{routers[0]} (sim, {m})" in per_repeat[0]]
+    names = " | ".join(m.replace("-", " ") for m in models)
+    checked = first.get("check_compute_factor", float("nan")) == first.get("check_compute_factor", float("nan"))
+    lines = ["the contention models (sim/served - 1 of the means over the repeats):", "",
+             f"| router | mean E2E: {names} | mean TTFT: {names} | waits measured | predicted (shared host) | "
+             "other runnable threads | probe factor |" + (" check factor, ms per iteration |" if checked else ""),
+             "|---|" + "---|" * (2 * len(models) + 4 + checked)]
+    for r in routers:
+        def mean(suffix, key):
+            return float(np.mean([s[r + suffix][key] for s in per_repeat]))
+        cells = []
+        for key in ("mean_e2e_s", "mean_ttft_s"):
+            cells += [f"{mean(f' (sim, {m})', key) / mean('', key) - 1:+.1%}" for m in models]
+        lines.append(f"| {r} | {' | '.join(cells)} | x{mean('', 'waits_factor'):.2f} | "
+                     f"x{mean('', 'predicted_waits'):.2f} | {mean('', 'background_threads'):.2f} | "
+                     f"x{mean('', 'execution_factor'):.2f} |"
+                     + (f" x{mean('', 'check_compute_factor'):.2f} {mean('', 'check_extra_s') * 1e3:+.2f} |" if checked else ""))
+    return lines + [""]
+
+
+def _ci(x) -> tuple[float, float]:
+    """Mean and 95% half-width (Student's t over the repeats; NaN with one)."""
+    from scipy import stats
+
+    x = np.asarray(x, float)
+    if len(x) < 2:
+        return float(x.mean()), float("nan")
+    return float(x.mean()), float(stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)))
+
+
+def paired_table(per_repeat: list[dict], routers, rate: float) -> tuple[list[str], dict]:
+    """Over the repeats of one load: served vs simulated (each replay at its own measured
+    slowdown) per router, and every pair of routers' paired difference, served and simulated at
+    one speed, with 95% CIs; "resolved" = the served CI excludes 0. Returns the lines and the
+    verdict (pairs, resolved, same sign among the resolved), which is what the issue's ranking
+    target reads: the ranking of routers whose real difference exceeds the run-to-run noise."""
+    lines = [f"**{rate:g} req/s, {len(per_repeat)} repeat(s)**", "",
+             "| router | mean E2E served (s) | sim (s) | sim/served - 1 (ratio of the means; max abs per replay) | "
+             "mean TTFT served (s) | sim (s) | sim/served - 1 (ratio of the means; max abs) | slowdown (waits x probe) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in routers:
+        def col(suffix, key):
+            return np.array([s[r + suffix][key] for s in per_repeat])
+        e_real, e_sim = col("", "mean_e2e_s"), col(" (sim)", "mean_e2e_s")
+        t_real, t_sim = col("", "mean_ttft_s"), col(" (sim)", "mean_ttft_s")
+        e_err, t_err = e_sim / e_real - 1, t_sim / t_real - 1
+        f = " ".join(f"x{s[r]['waits_factor']:.2f}x{s[r]['execution_factor']:.2f}" for s in per_repeat)
+        lines.append(f"| {r} | {e_real.mean():.3f} | {e_sim.mean():.3f} | {e_sim.mean() / e_real.mean() - 1:+.1%}; "
+                     f"{np.abs(e_err).max():.1%} | {t_real.mean():.3f} | {t_sim.mean():.3f} | "
+                     f"{t_sim.mean() / t_real.mean() - 1:+.1%}; {np.abs(t_err).max():.1%} | {f} |")
+    lines += ["", "paired differences (mean E2E, s; 95% CI over repeats; the second router minus the first):", ""]
+    verdict = {"pairs": 0, "resolved": 0, "same_sign": 0}
+    for i, a in enumerate(routers):
+        for b in routers[i + 1:]:
+            d_real = [s[b]["mean_e2e_s"] - s[a]["mean_e2e_s"] for s in per_repeat]
+            d_sim = [s[b + " (sim, one speed)"]["mean_e2e_s"] - s[a + " (sim, one speed)"]["mean_e2e_s"] for s in per_repeat]
+            (mr, hr), (ms, hs) = _ci(d_real), _ci(d_sim)
+            resolved = bool(hr == hr and abs(mr) > hr)
+            agree = bool(np.sign(mr) == np.sign(ms))
+            verdict["pairs"] += 1
+            verdict["resolved"] += resolved
+            verdict["same_sign"] += resolved and agree
+            lines.append(f"- {b} - {a}: served {mr:+.3f} +- {hr:.3f}, simulated (one speed) {ms:+.3f} +- {hs:.3f}: "
+                         f"{'resolved' if resolved else 'within the noise'}"
+                         f"{(', same sign' if agree else ', OPPOSITE sign') if resolved else ''}  ")
+    lines += ["", f"resolved: {verdict['resolved']} of {verdict['pairs']} pairs; the simulator's sign agrees in "
+                  f"{verdict['same_sign']} of {verdict['resolved']}", ""]
+    return lines, verdict
