@@ -25,7 +25,7 @@ from llm_lb_gym.experiments._cli_args import key_values
 from llm_lb_gym.experiments._llamacpp_profile import (
     FOOTINGS, check_reference_s, fit, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points)
 from llm_lb_gym.experiments._sim_to_real_tables import (
-    _speed_label, arrival_split, arrival_states, contention_table, paired_table, table)
+    _speed_label, arrival_split, arrival_states, contention_table, paired_table, table, verdict)
 
 
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -244,11 +244,13 @@ def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Pa
             if args.repeats == 1:
                 lines += table(summary, routers, rate, _speed_label(common, sims["footing"], args.contention))
             per_repeat.append(summary)
-        paired, verdict = paired_table(per_repeat, routers, rate)
+        paired, pairs = paired_table(per_repeat, routers, rate)
         lines += paired + contention_table(per_repeat, routers)
         report[str(rate)] = per_repeat[0]
         report.setdefault("repeats", {})[str(rate)] = per_repeat
-        report.setdefault("ranking", {})[str(rate)] = verdict
+        report.setdefault("ranking", {})[str(rate)] = pairs
+    target_lines, report["verdict"] = verdict(report["repeats"], routers)
+    lines += target_lines
     if rows and not args.no_stream:
         lines += arrival_split(rows, routers)
     report["run"] = run

@@ -160,3 +160,37 @@ def paired_table(per_repeat: list[dict], routers, rate: float) -> tuple[list[str
     lines += ["", f"resolved: {verdict['resolved']} of {verdict['pairs']} pairs; the simulator's sign agrees in "
                   f"{verdict['same_sign']} of {verdict['resolved']}", ""]
     return lines, verdict
+
+
+TARGET = 0.15
+"""The issue's llama.cpp target: mean TTFT and mean E2E within 15% of the served at every load."""
+
+
+def verdict(repeats: dict, routers) -> tuple[list[str], dict]:
+    """Against the targets, over every load of a run: per router and load the simulated / served
+    ratio of the means over the repeats (mean E2E, mean TTFT), how many are within
+    :data:`TARGET`, and the ranking verdicts of every load summed (pairs, resolved, the
+    simulator's sign among the resolved). ``repeats``: rate -> per repeat, the summaries."""
+    errors = {"mean_e2e_s": [], "mean_ttft_s": []}
+    for reps in repeats.values():
+        for r in routers:
+            for key, errs in errors.items():
+                served = float(np.mean([s[r][key] for s in reps]))
+                errs.append(float(np.mean([s[r + " (sim)"][key] for s in reps])) / served - 1.0)
+    ranking = {"pairs": 0, "resolved": 0, "same_sign": 0}
+    for reps in repeats.values():
+        for key in ranking:
+            ranking[key] += paired_table(reps, routers, 0.0)[1][key]
+    out = {"router_loads": len(errors["mean_e2e_s"]), "ranking": ranking}
+    for key, errs in errors.items():
+        a = np.abs(errs)
+        out[key] = {"within": int(np.sum(a <= TARGET)), "median_abs": float(np.median(a)), "max_abs": float(a.max()),
+                    "errors": errs}
+    n = out["router_loads"]
+    line = (f"**Against the targets** (the ratio of the means over the repeats, every load): mean E2E within "
+            f"{TARGET:.0%} in {out['mean_e2e_s']['within']} of {n} router-loads (median |error| "
+            f"{out['mean_e2e_s']['median_abs']:.1%}, max {out['mean_e2e_s']['max_abs']:.1%}), mean TTFT in "
+            f"{out['mean_ttft_s']['within']} of {n} ({out['mean_ttft_s']['median_abs']:.1%}, "
+            f"{out['mean_ttft_s']['max_abs']:.1%}); router pairs resolved {ranking['resolved']} of {ranking['pairs']}, "
+            f"the simulator's sign agrees in {ranking['same_sign']} of {ranking['resolved']}")
+    return [line, ""], out

@@ -54,11 +54,12 @@ from llm_lb_gym.experiments._sim_to_real_judge import (
     DECISION_INTERVAL_S, DEFAULT_WORKLOAD_OPTIONS, _simulators, judge, replace_seed, sample, simulate,
     simulate_cluster, simulate_contention)
 from llm_lb_gym.experiments._sim_to_real_tables import (
-    ARRIVAL_STATES, CONTENTION, STATS, arrival_split, arrival_states, contention_table, paired_table, ranking, table)
+    ARRIVAL_STATES, CONTENTION, STATS, arrival_split, arrival_states, contention_table, paired_table, ranking, table,
+    verdict)
 
 __all__ = ["ARRIVAL_STATES", "CONTENTION", "STATS", "arrival_split", "arrival_states", "contention_table", "main",
            "paired_table", "parser", "ranking", "rejudge", "simulate", "simulate_cluster", "simulate_contention",
-           "table"]
+           "table", "verdict"]
 """The command, and what its tests and users read from it (the judging and the tables live in
 ``_sim_to_real_judge.py`` and ``_sim_to_real_tables.py``)."""
 

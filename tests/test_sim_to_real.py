@@ -380,6 +380,28 @@ def test_paired_table_counts_resolved_pairs_and_the_simulators_sign():
     assert "resolved: 2 of 3 pairs; the simulator's sign agrees in 1 of 2" in text
 
 
+def test_verdict_counts_router_loads_within_the_target_and_sums_the_rankings():
+    """The issue's targets over a run: per router and load the simulated / served ratio of the
+    means over the repeats; two loads x two routers, one miss each on E2E (+20%) and TTFT (-16%);
+    the rankings of the loads summed."""
+    from llm_lb_gym.experiments.sim_to_real import verdict
+
+    def rep(e_a, e_b, sim_e_a, sim_e_b, t=1.0, sim_t=1.0):
+        f = {"waits_factor": 1.0, "execution_factor": 1.0}
+        return {"a": {"mean_e2e_s": e_a, "mean_ttft_s": t, **f}, "b": {"mean_e2e_s": e_b, "mean_ttft_s": t, **f},
+                "a (sim)": {"mean_e2e_s": sim_e_a, "mean_ttft_s": sim_t},
+                "b (sim)": {"mean_e2e_s": sim_e_b, "mean_ttft_s": sim_t},
+                "a (sim, one speed)": {"mean_e2e_s": sim_e_a}, "b (sim, one speed)": {"mean_e2e_s": sim_e_b}}
+    repeats = {"0.5": [rep(1.0, 2.0, 1.1, 2.1), rep(1.0, 2.02, 1.3, 2.1)],       # a: +20% (1.2 / 1.0); b - a resolved
+               "1.0": [rep(1.0, 1.0, 1.0, 1.05, 1.0, 0.84), rep(1.0, 1.0, 1.0, 0.95, 1.0, 0.84)]}
+    lines, v = verdict(repeats, ["a", "b"])
+    assert v["router_loads"] == 4
+    assert v["mean_e2e_s"]["within"] == 3 and v["mean_e2e_s"]["max_abs"] == pytest.approx(0.2)
+    assert v["mean_ttft_s"]["within"] == 2 and v["mean_ttft_s"]["max_abs"] == pytest.approx(0.16)
+    assert v["ranking"]["pairs"] == 2 and v["ranking"]["resolved"] == 1 and v["ranking"]["same_sign"] == 1
+    assert "mean E2E within 15% in 3 of 4 router-loads" in lines[0] and "resolved 1 of 2" in lines[0]
+
+
 def test_arrival_states_and_the_split_by_them():
     """A request's state at arrival: nothing in flight, others on other instances only, or
     another on its own instance; the split averages served and simulated TTFT per state."""
