@@ -548,6 +548,31 @@ def test_simulated_backend_paces_tokens_by_the_engine():
         assert lat.prefill_s(100) - 1e-3 <= x.ttft_s <= lat.prefill_s(100) + 0.1
 
 
+def test_simulated_backend_keeps_answering_while_a_request_is_in_its_frontend():
+    """An engine with a frontend (here 0.5 s of delay): while the only request waits in it, the
+    backend's event loop stays free (another request is answered at once), and the request's
+    first token comes after the delay. The pacing loop once spun through that wait."""
+    eng = EngineConfig(frontend={"delay_s": 0.5})
+
+    async def go(url):
+        async with httpx.AsyncClient(base_url=url, timeout=10) as c:
+            t0 = time.monotonic()
+            first = asyncio.create_task(c.post("/v1/completions", json={"model": MODEL, "prompt": "w " * 10,
+                                                                         "max_tokens": 2}))
+            await asyncio.sleep(0.1)
+            t1 = time.monotonic()
+            other = await c.get("/v1/models")
+            answered_s = time.monotonic() - t1
+            resp = await first
+            return answered_s, other.status_code, resp.status_code, time.monotonic() - t0
+
+    with ServerThread(sim_app(SimBackendConfig(engine=eng))) as b:
+        answered_s, other, status, total_s = asyncio.run(go(b.url))
+    assert other == 200 and status == 200
+    assert answered_s < 0.25, f"the backend answered {answered_s:.3f} s late: its loop was held"
+    assert total_s >= 0.5
+
+
 def test_loadgen_command_writes_its_table(backends, tmp_path):
     from llm_lb_gym.experiments import loadgen
 

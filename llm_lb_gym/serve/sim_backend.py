@@ -188,7 +188,19 @@ class SimBackend:
                 await self.wake.wait()
                 continue
             eng.advance_to(max(self.now(), eng.t) + _EPS_S)
-            delay = (eng.t - self.now()) / scale
+            now = self.now()
+            if eng.t <= now and eng.fe_count and math.isfinite(eng.fe_next):
+                # Nothing runs until the frontend hands a request on (``engine.frontend``): sleep
+                # until then, or until a new request arrives. Without this the loop spun, holding
+                # the event loop (no request accepted, no stream written) for the ~44 ms of the
+                # vLLM V1 frontends' delay and input work.
+                self.wake.clear()
+                try:
+                    await asyncio.wait_for(self.wake.wait(), max(eng.fe_next - now, 0.0) / scale)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            delay = (eng.t - now) / scale
             if delay > 0 and math.isfinite(delay):
                 await asyncio.sleep(delay)
             self._release()
