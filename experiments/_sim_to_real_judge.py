@@ -13,6 +13,7 @@ import argparse
 import csv
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -170,7 +171,7 @@ def _simulators(args, out: Path, command: str, profile: str | None = None) -> di
                   f"replay one request sequence); CPU probe reference {probe_ref * 1e3:.2f} ms (the profile's least)"
                   + (f"; server check reference {check_ref[0] * 1e3:.2f} ms per prompt token, {check_ref[1] * 1e3:.2f} "
                      f"ms per one-stream decode step (the profile's medians)" if check_ref else "")
-                  + f"; footing {footing}", ""]
+                  + f"; footing {footing}; contention {args.contention} (the \"(sim)\" rows)", ""]
     return dict(engines=engines, footing=footing, probe_ref=probe_ref, check_ref=check_ref, slot=slot, preset=preset,
                 lines=lines, package=__version__)
 
@@ -200,6 +201,11 @@ def _fitted_here(args, out: Path, engine, frontend, profile: str):
                         "--repeats", str(PROFILE_REPEATS)], check=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     else:
         path = Path(profile)   # checked to exist by main (by rejudge: the stored run's)
+        kept = out / "profile.csv"
+        if not (kept.exists() and kept.samefile(path)):
+            # Kept beside the summary: the run is judged with this profile, whatever becomes of the file.
+            out.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, kept)
     rows = read_rows(path)
     check_ref = check_reference_s(rows)
     delay = frontend_delay_s(path)
@@ -217,6 +223,25 @@ def _fitted_here(args, out: Path, engine, frontend, profile: str):
         except ValueError as e:
             raise SystemExit(f"sim_to_real: --profile: {e}") from None
     return engines, frontend, probe_reference_s(rows), check_ref, path
+
+
+def write_served(out: Path, per_rate: dict, rows: list[dict], run: dict) -> None:
+    """The served side of a run (``summary.json`` with the replays' served figures and readings
+    and the run record; ``results.csv``), before anything is simulated: :func:`judge` overwrites
+    both, and a run whose simulation fails can be judged with ``--rejudge OUT``."""
+    out.mkdir(parents=True, exist_ok=True)
+    served = {"repeats": {str(rate): reps for rate, reps in per_rate.items()}, "run": run}
+    (out / "summary.json").write_text(json.dumps(served, indent=1, default=float))
+    _write_rows(out, rows)
+
+
+def _write_rows(out: Path, rows: list[dict]) -> None:
+    """``results.csv``: every request of every replay (none: nothing written)."""
+    if rows:
+        with open(out / "results.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
 
 
 def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Path) -> dict:
@@ -255,11 +280,7 @@ def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Pa
         lines += arrival_split(rows, routers)
     report["run"] = run
     out.mkdir(parents=True, exist_ok=True)
-    if rows:
-        with open(out / "results.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+    _write_rows(out, rows)   # now with the simulated columns
     text = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(text)
     (out / "summary.json").write_text(json.dumps(report, indent=1, default=float))

@@ -52,7 +52,7 @@ from llm_lb_gym.experiments._contention import (
 from llm_lb_gym.experiments._llamacpp_profile import FOOTINGS
 from llm_lb_gym.experiments._sim_to_real_judge import (
     DECISION_INTERVAL_S, DEFAULT_WORKLOAD_OPTIONS, _simulators, judge, replace_seed, sample, simulate,
-    simulate_cluster, simulate_contention)
+    simulate_cluster, simulate_contention, write_served)
 from llm_lb_gym.experiments._sim_to_real_tables import (
     ARRIVAL_STATES, CONTENTION, STATS, arrival_split, arrival_states, contention_table, paired_table, ranking, table,
     verdict)
@@ -296,7 +296,15 @@ def main(argv=None) -> dict:
     # request sequence and simulated server, and the machine's cores (the shared host's).
     run = dict(args=vars(args), cores=len(os.sched_getaffinity(0)), package=sims["package"], command=command,
                probe_reference_s=probe_ref, check_reference_s=list(check_ref) if check_ref else None)
-    return judge(args, sims, per_rate, rows, run, out)
+    # The served side first, so that an error in the simulation loses no replay: --rejudge OUT
+    # simulates them again.
+    write_served(out, per_rate, rows, run)
+    try:
+        return judge(args, sims, per_rate, rows, run, out)
+    except BaseException:
+        print(f"sim_to_real: the simulation failed; the served replays are in {out}: `llm-lb-gym sim_to_real "
+              f"--rejudge {out}` simulates them again", file=sys.stderr)
+        raise
 
 
 def rejudge(args, argv=None) -> dict:
@@ -308,7 +316,8 @@ def rejudge(args, argv=None) -> dict:
     Why: the served side of a replay costs an hour of a quiet machine; the simulated side is
     seconds. A change to the simulator (or to a contention model, ``--contention``; a footing,
     ``--footing``) is judged against the real servers of every stored run at once, and a stored
-    run is a regression test (``tests/test_sim_to_real.py`` re-judges the committed one)."""
+    run is a regression test (``tests/test_sim_to_real.py`` re-judges the committed one).
+    Every other option is the stored run's: one given beside ``--rejudge`` is an error."""
     src = Path(args.rejudge)
     path = src / "summary.json"
     if not path.is_file():
@@ -320,6 +329,12 @@ def rejudge(args, argv=None) -> dict:
         raise SystemExit(f"sim_to_real: --rejudge {path}: no 'run' record (written before package 0.7.0's "
                          "2026-12-06 revision); re-judging needs the options it stores")
     known = vars(parser().parse_args([]))
+    given = sorted(k for k, v in vars(args).items()
+                   if k not in ("rejudge", "out", "contention", "footing") and v != known[k])
+    if given:
+        raise SystemExit(f"sim_to_real: --rejudge takes the stored run's options; "
+                         f"{', '.join('--' + k.replace('_', '-') for k in given)} given beside it; allowed: "
+                         "--contention, --footing, --out")
     unknown = sorted(set(run["args"]) - set(known))
     if unknown:
         raise SystemExit(f"sim_to_real: --rejudge {path}: options {', '.join(unknown)} unknown to this version")
@@ -330,10 +345,9 @@ def rejudge(args, argv=None) -> dict:
             setattr(old, key, getattr(args, key))
     old.contention = old.contention or CONTENTION[0]
     profile = None
-    if old.profile:
-        profile = str(src / "profile.csv") if old.profile == "here" else old.profile
-        if not Path(profile).is_file() and (src / Path(profile).name).is_file():
-            profile = str(src / Path(profile).name)
+    if old.profile:   # a run keeps the profile it simulated with beside its summary (_fitted_here)
+        profile = str(src / "profile.csv") if (src / "profile.csv").is_file() or old.profile == "here" \
+            else old.profile
         if not Path(profile).is_file():
             raise SystemExit(f"sim_to_real: --rejudge {src}: the run's profile {profile} is missing; allowed: "
                              "the run's profile.csv beside its summary.json")
@@ -348,7 +362,12 @@ def rejudge(args, argv=None) -> dict:
     if (src / "results.csv").is_file():
         with open(src / "results.csv", newline="") as f:
             rows = [dict(r, ttft_s=float(r["ttft_s"]) if r["ttft_s"] else float("nan")) for r in csv.DictReader(f)]
-    return judge(old, sims, per_rate, rows, run, out)
+    from llm_lb_gym import __version__
+
+    # The options used (with any --contention / --footing given here), so that this output is a
+    # run that can itself be re-judged; where it came from beside them.
+    used = dict(run, args=vars(old), rejudged=dict(source=str(src), package=__version__, command=command))
+    return judge(old, sims, per_rate, rows, used, out)
 
 
 if __name__ == "__main__":

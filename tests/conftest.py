@@ -23,8 +23,11 @@ try:
 except ImportError:      # the core install has no test tools; its tests do not use hypothesis
     _hyp_settings = None
 else:
-    _hyp_settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-    _hyp_settings.register_profile("explore", derandomize=False, print_blob=True)
+    # From hypothesis' own default: with $CI set it has loaded its "ci" profile already (no
+    # example database), which "explore" must not inherit.
+    _default = _hyp_settings.get_profile("default")
+    _hyp_settings.register_profile("ci", _default, derandomize=True, database=None, print_blob=True)
+    _hyp_settings.register_profile("explore", _default, derandomize=False, print_blob=True)
     # `pytest --hypothesis-profile=NAME` (the hypothesis plugin) overrides this default.
     _hyp_settings.load_profile(os.environ.get("LLM_LB_GYM_HYPOTHESIS_PROFILE", "ci"))
 

@@ -260,6 +260,8 @@ def test_rejudge_names_what_a_directory_lacks(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"repeats": {}, "run": dict(run, args=dict(args, bogus=1))}))
     with pytest.raises(SystemExit, match=r"options bogus unknown to this version"):
         sim_to_real.main(["--rejudge", str(tmp_path)])
+    with pytest.raises(SystemExit, match=r"--rates, --routers given beside it; allowed: --contention, --footing, --out"):
+        sim_to_real.main(["--rejudge", str(tmp_path), "--rates", "2", "--routers", "random"])
 
 
 # --------------------------------------------------------------------------- the task mix, shorter
