@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llm_lb_gym.experiments._hydra import CONF_DIR
 from llm_lb_gym.experiments._serve_policy import experiment_router_options, load_policy, served_router_options
 
 __all__ = ["experiment_router_options", "load_policy", "main", "parser"]
@@ -112,7 +113,6 @@ def engine_options(spec: str) -> dict:
     import yaml
 
     from llm_lb_gym._validate import ConfigError
-    from llm_lb_gym.experiments._hydra import CONF_DIR
 
     path = Path(spec)
     if not path.is_file():
