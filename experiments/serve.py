@@ -141,9 +141,10 @@ def build_app(args):
 
             if args.engine and args.preset:
                 raise ConfigError(f"--engine {args.engine} sets the latency model: drop --preset {args.preset}")
-            opts = engine_options(args.engine) if args.engine else {"preset": args.preset or "llama2-7b-v100",
-                                                                   "max_num_seqs": 128}
-            for key, value in (("max_num_seqs", args.max_num_seqs), ("num_kv_blocks", args.num_kv_blocks)):
+            # Unset: EngineConfig's own defaults (preset llama2-7b-v100, 128 sequences).
+            opts = engine_options(args.engine) if args.engine else {}
+            for key, value in (("preset", args.preset), ("max_num_seqs", args.max_num_seqs),
+                               ("num_kv_blocks", args.num_kv_blocks)):
                 if value is not None:
                     opts[key] = value
             eng = EngineConfig(**opts)
