@@ -176,6 +176,36 @@ def _simulators(args, out: Path, command: str, profile: str | None = None) -> di
                 lines=lines, package=__version__)
 
 
+def with_served_path(sims: dict, path: dict | None) -> dict:
+    """``sims`` (:func:`_simulators`) with every simulated engine's frontend delay set to the
+    served path's (``sim_to_real.served_path``, measured before the replays: ``router_s``, a lone
+    replayed request's first token beyond the server's own prompt time, through the router), and
+    said in the header; ``path`` None (not measured, or a run stored before 2026-12-07): ``sims``
+    itself, so those runs simulate bit for bit as before. A delay measured below zero (clock
+    noise) counts as none; an engine without a frontend (``--frontend none``) gets one of this
+    delay alone (the path is not the server's: it is there whatever the server's model).
+
+    Why replace the profile's delay rather than add the router's hop to it: the profile measures
+    the server's delay with its own client, straight, at another time (2.2 ms on 2026-12-07);
+    the replays' requests go through a router process and the load generator's client (3.4 ms
+    straight with that client, 4.3 ms through the router, the same afternoon). The delay a
+    replayed request pays is the one measured on its own path, minutes before; a lone request's
+    first token carries it whole, as the frontend's ``delay_s`` is carried (a latency that takes
+    no server CPU). The profile's wake-up points stay as they are."""
+    if path is None:
+        return sims
+    from llm_lb_gym.sim.frontend import FrontendModel
+
+    d = max(float(path["router_s"]), 0.0)
+    engines = {f: replace(e, frontend=replace(e.frontend or FrontendModel(), delay_s=d))
+               for f, e in sims["engines"].items()}
+    line = (f"served path's delay {d * 1e3:.2f} ms (the simulated frontend's delay_s: a lone request's first token "
+            f"beyond the server's prompt time through the router, measured before the replays; "
+            f"{path['direct_s'] * 1e3:.2f} ms straight to a server, so the router's hop {path['hop_s'] * 1e3:+.2f} ms; "
+            f"medians of {path['requests']})")
+    return dict(sims, engines=engines, lines=sims["lines"][:-1] + [line, ""])
+
+
 PROFILE_REPEATS = 5
 """Repeats per point of ``--profile here`` (calibrate_llamacpp's default is 3): on a quiet VM of
 package 0.7.0 the probe alone varied 3.7-6.2 ms between points and a 3-repeat profile's fit
@@ -265,6 +295,7 @@ def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Pa
                     if float(row["rate_rps"]) == rate and int(row["repeat"]) == k and row["router"] == router:
                         i = int(row["index"])
                         row.update(sim_ttft_s=float(first[i] - tb.arrival_s[i]), sim_e2e_s=float(end[i] - tb.arrival_s[i]),
+                                   sim_prompt_s=float(tb.first_token_s[i] - tb.first_scheduled_s[i]),
                                    sim_instance=int(tb.instance[i]), arrival_state=states[i])
             if args.repeats == 1:
                 lines += table(summary, routers, rate, _speed_label(common, sims["footing"], args.contention))

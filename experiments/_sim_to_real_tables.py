@@ -34,17 +34,47 @@ def arrival_states(arrival_s, finish_s, instance) -> list[str]:
 
 def arrival_split(rows: list[dict], routers) -> list[str]:
     """Mean TTFT served and simulated (at each replay's slowdown) per router and arrival state,
-    over every load and repeat: ``rows`` of results.csv with ``sim_ttft_s`` and ``arrival_state``."""
+    over every load and repeat: ``rows`` of results.csv with ``sim_ttft_s`` and ``arrival_state``.
+    Where the served rows carry the server's own prompt time (``server_prompt_s``, llama.cpp's
+    ``timings``) and the simulated ones theirs (``sim_prompt_s``: first token less first
+    scheduled, on the engine's clock), TTFT is split into that prompt time and the rest
+    (queueing for a slot, the server's and the router's per-request work, HTTP). Why: a TTFT gap
+    in the prompt time is the latency model's (or the contention correction's); one in the rest
+    is the frontend's, the router's or the scheduler's."""
+    split = any(_finite(r.get("server_prompt_s")) for r in rows)
+    head = "| router | state | requests | served (s) | sim (s) | sim/served - 1 |"
+    if split:
+        head += (" prompt time served (s) | sim (s) | sim/served - 1 | rest served (ms) | sim (ms) |")
     lines = ["mean TTFT by the simulated state at arrival (every load and repeat; simulated at each replay's "
-             "slowdown):", "", "| router | state | requests | served (s) | sim (s) | sim/served - 1 |", "|---|---|---|---|---|---|"]
+             "slowdown)" + ("; split into the server's own prompt time and the rest" if split else "") + ":", "",
+             head, "|" + "---|" * head.count(" | ") + "---|"]
     for router in routers:
         for state in ARRIVAL_STATES:
-            xs = [(r["ttft_s"], r["sim_ttft_s"]) for r in rows if r["router"] == router and r.get("arrival_state") == state
-                  and r["ttft_s"] == r["ttft_s"] and r["sim_ttft_s"] == r["sim_ttft_s"]]
-            if xs:
-                served, sim = (float(np.mean(v)) for v in zip(*xs))
-                lines.append(f"| {router} | {state} | {len(xs)} | {served:.3f} | {sim:.3f} | {sim / served - 1:+.1%} |")
+            mine = [r for r in rows if r["router"] == router and r.get("arrival_state") == state
+                    and _finite(r["ttft_s"]) and _finite(r["sim_ttft_s"])]
+            if not mine:
+                continue
+            served, sim = (float(np.mean([float(r[k]) for r in mine])) for k in ("ttft_s", "sim_ttft_s"))
+            line = f"| {router} | {state} | {len(mine)} | {served:.3f} | {sim:.3f} | {sim / served - 1:+.1%} |"
+            if split:
+                both = [r for r in mine if _finite(r.get("server_prompt_s")) and _finite(r.get("sim_prompt_s"))]
+                if both:
+                    ps, pm = (float(np.mean([float(r[k]) for r in both])) for k in ("server_prompt_s", "sim_prompt_s"))
+                    rs = float(np.mean([float(r["ttft_s"]) - float(r["server_prompt_s"]) for r in both]))
+                    rm = float(np.mean([float(r["sim_ttft_s"]) - float(r["sim_prompt_s"]) for r in both]))
+                    line += f" {ps:.3f} | {pm:.3f} | {pm / ps - 1:+.1%} | {rs * 1e3:.1f} | {rm * 1e3:.1f} |"
+                else:
+                    line += " | | | | |"
+            lines.append(line)
     return lines + [""]
+
+
+def _finite(v) -> bool:
+    """A number that is not NaN (results.csv read back gives strings; an empty cell is none)."""
+    try:
+        return v is not None and v != "" and float(v) == float(v)
+    except (TypeError, ValueError):
+        return False
 
 
 def ranking(summary: dict, routers, key: str, suffix: str) -> list[str]:

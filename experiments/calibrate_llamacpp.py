@@ -26,7 +26,7 @@ so every prompt token is computed and every request decodes exactly its tokens):
   On this VM the probe's footing left a quiet profile's decode points 12.6% / 30.4% (median /
   max) off its own fit, the check's 4.6% / 11.4% (docs/serving.md);
 - the frontend: lone streamed requests of 16 tokens, the first token seen by the client less
-  the server's own ``timings.prompt_ms`` for the same prompt: llama-server's per-request work
+  the server's own ``timings.prompt_ms`` for that same request (its final event): llama-server's per-request work
   outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the
   ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``);
 - waking from idleness: the same lone streamed request after the server (and this client) sat
@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
+import json
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -107,17 +108,28 @@ async def _prefill_s(client, url: str, model: str, prompt: int) -> float:
 
 async def _stream_times(client, url: str, model: str, prompt: int, tokens: int) -> list[float]:
     """Monotonic arrival time of each generated token of one streamed request."""
+    return (await _stream(client, url, model, prompt, tokens))[0]
+
+
+async def _stream(client, url: str, model: str, prompt: int, tokens: int) -> tuple[list[float], float]:
+    """One streamed request: the monotonic arrival time of each generated token, and the server's
+    own time on its prompt (the final event's ``timings.prompt_ms``; NaN if the server sends none)."""
     body = {"model": model, "prompt": prompt_text(prompt), "max_tokens": tokens, "ignore_eos": True,
             "cache_prompt": False, "temperature": 0.0, "stream": True}
     times: list[float] = []
+    prompt_s = float("nan")
     async with client.post(url + "/v1/completions", json=body) as r:
         async for raw in r.content:
             line = raw.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]" and '"finish_reason":null' in line.replace(" ", ""):
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            if '"finish_reason":null' in line.replace(" ", ""):
                 times.append(time.monotonic())   # the closing event (finish_reason set) has no token
+            elif '"timings"' in line:
+                prompt_s = float(json.loads(line[6:])["timings"]["prompt_ms"]) / 1e3
     if len(times) != tokens:
         raise RuntimeError(f"a stream delivered {len(times)} token events of {tokens}")
-    return times
+    return times, prompt_s
 
 
 async def _decode_step(client, url: str, model: str, batch: int, prompt: int, tokens: int) -> tuple[float, int]:
@@ -201,10 +213,16 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
                     f"probe {probe * 1e3:.2f} ms, check {check[0] * 1e3:.2f} / {check[1] * 1e3:.2f} ms)")
         excess = []
         for _ in range(FRONTEND_REPEATS):
-            prompt_s = await _prefill_s(client, url, model, FRONTEND_PROMPT)
+            # The first token less the server's own time on that same request's prompt. Why the
+            # same request: two computations of one prompt differ by up to a fifth here (a
+            # 16-token prompt 107-145 ms, p10-p90), which swamped a few ms of frontend work when
+            # a twin request's prompt time was subtracted (before 2026-12-07).
             p0 = probe_s()
             t0 = time.monotonic()
-            times = await _stream_times(client, url, model, FRONTEND_PROMPT, 2)
+            times, prompt_s = await _stream(client, url, model, FRONTEND_PROMPT, 2)
+            if prompt_s != prompt_s:
+                raise RuntimeError(f"{url} sent no timings with its stream: the frontend delay needs the server's "
+                                   "own prompt time (llama-server's final event carries it)")
             excess.append(times[0] - t0 - prompt_s)
             probes[0].append(p0)
             probes[1].append(probe_s())

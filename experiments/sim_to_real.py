@@ -52,7 +52,7 @@ from llm_lb_gym.experiments._contention import (
 from llm_lb_gym.experiments._llamacpp_profile import FOOTINGS
 from llm_lb_gym.experiments._sim_to_real_judge import (
     DECISION_INTERVAL_S, DEFAULT_WORKLOAD_OPTIONS, _simulators, judge, replace_seed, sample, simulate,
-    simulate_cluster, simulate_contention, write_served)
+    simulate_cluster, simulate_contention, with_served_path, write_served)
 from llm_lb_gym.experiments._sim_to_real_tables import (
     ARRIVAL_STATES, CONTENTION, STATS, arrival_split, arrival_states, contention_table, paired_table, ranking, table,
     verdict)
@@ -106,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
                          "idle around the replay: the cores' factor x every term, the memory system's change as a "
                          "cost per iteration), 'probe' (the CPU probe's factor x every term); with 'check' the "
                          "probe is simulated too, for comparison")
+    ap.add_argument("--path-rounds", type=int, default=PATH_ROUNDS,
+                    help="rounds of the served path's measurement before the replays (lone requests through a "
+                         "router and straight to a server, their first tokens beyond the server's own prompt "
+                         "time; the router's is the simulated frontend's delay); 0: not measured, the profile's delay")
     ap.add_argument("--out", default="runs/sim_to_real",
                     help="where results.csv, summary.md and summary.json go (with --rejudge: default DIR/rejudged)")
     ap.add_argument("--rejudge", default=None, metavar="DIR",
@@ -143,6 +147,61 @@ def start_router(urls, router: str, args, slot_tokens: int, preset: str):
         proc.wait()
         raise
     return f"http://127.0.0.1:{port}", proc
+
+
+PATH_ROUNDS = 8
+PATH_REQUESTS = 4
+"""Lone requests per path and round of the served path's measurement (:func:`served_path`), 0.25 s apart."""
+PATH_PROMPT = 8
+"""Prompt tokens of its requests: the replays' median prompt is about this short."""
+
+
+def served_path(args, slot_tokens: int, preset: str) -> dict:
+    """The delay of the path a replayed request takes: lone streamed requests sent through a
+    router (``round_robin``, started as the replays start theirs) in front of a fresh
+    llama-server and, for comparison, straight to it, the two paths taking turns round by round,
+    by the replays' own client (``loadgen.replay``: scheduled sends, one pooled connection per
+    round); per request its first token beyond the server's own prompt time (the same request's
+    ``timings``). Returns the medians (``router_s``, ``direct_s``), the router's hop (their
+    difference) and the count per path.
+
+    Why: the profile measures the server's delay straight from its own client
+    (``calibrate_llamacpp``); a replayed request also crosses the router process (HTTP in, a
+    decision, HTTP out, the stream back) and the load generator's client, and the simulator
+    should carry what that path costs (``_sim_to_real_judge.with_served_path``). Why the
+    server's own prompt time: a short prompt's computation varies by a fifth from one request to
+    the next on this VM, which would swamp the milliseconds measured here; beyond the prompt
+    time a path's figures spread by tenths of a ms (2026-12-07)."""
+    import numpy as np
+
+    from llm_lb_gym.serve import llamacpp
+    from llm_lb_gym.serve.loadgen import replay
+
+    servers = llamacpp.start_servers(1, server=args.llama_server, model=args.gguf, parallel=args.parallel,
+                                     ctx_tokens=args.ctx_tokens, threads=1)
+    proc = None
+    try:
+        asyncio.run(warm_up([servers[0].url]))
+        url, proc = start_router([servers[0].url], "round_robin", args, slot_tokens, preset)
+        arrivals = np.arange(PATH_REQUESTS) * 0.25
+        excess: dict[str, list[float]] = {"direct": [], "router": []}
+        paths = (("direct", servers[0].url), ("router", url))
+        for k in range(args.path_rounds):
+            for name, u in paths[::1 if k % 2 == 0 else -1]:   # turns: drift hits both alike
+                res = asyncio.run(replay(u, arrivals, [PATH_PROMPT] * PATH_REQUESTS, [2] * PATH_REQUESTS,
+                                         model="smollm2", extra_body=EXTRA_BODY))
+                for r in res:
+                    if r.error is not None or r.server_prompt_s != r.server_prompt_s:
+                        raise RuntimeError(f"sim_to_real: the served path's request to {u} failed "
+                                           f"({r.error or 'no server timings in its stream'})")
+                    excess[name].append(r.ttft_s - r.server_prompt_s)
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        llamacpp.stop_servers(servers)
+    direct, routed = (float(np.median(excess[n])) for n in ("direct", "router"))
+    return dict(router_s=routed, direct_s=direct, hop_s=routed - direct, requests=len(excess["direct"]))
 
 
 IDLE_PROBES = 5
@@ -257,8 +316,17 @@ def main(argv=None) -> dict:
         raise SystemExit(f"sim_to_real: --repeats={args.repeats}; allowed: >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.path_rounds < 0:
+        raise SystemExit(f"sim_to_real: --path-rounds={args.path_rounds}; allowed: >= 0 (0: not measured)")
     command = "python -m llm_lb_gym.experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
     sims = _simulators(args, out, command)
+    path = None
+    if args.path_rounds:
+        path = served_path(args, sims["slot"], sims["preset"])
+        print(f"served path: a lone request's first token {path['router_s'] * 1e3:.2f} ms beyond the server's prompt "
+              f"time through the router, {path['direct_s'] * 1e3:.2f} ms straight (medians of {path['requests']})",
+              file=sys.stderr, flush=True)
+        sims = with_served_path(sims, path)
     routers = [r for r in args.routers.split(",") if r]
     probe_ref, check_ref = sims["probe_ref"], sims["check_ref"]
     rows, per_rate = [], {}
@@ -295,7 +363,8 @@ def main(argv=None) -> dict:
     # What re-judging the stored replays needs (``--rejudge``): the options that rebuild every
     # request sequence and simulated server, and the machine's cores (the shared host's).
     run = dict(args=vars(args), cores=len(os.sched_getaffinity(0)), package=sims["package"], command=command,
-               probe_reference_s=probe_ref, check_reference_s=list(check_ref) if check_ref else None)
+               probe_reference_s=probe_ref, check_reference_s=list(check_ref) if check_ref else None,
+               served_path=path)
     # The served side first, so that an error in the simulation loses no replay: --rejudge OUT
     # simulates them again.
     write_served(out, per_rate, rows, run)
@@ -354,6 +423,7 @@ def rejudge(args, argv=None) -> dict:
     out = Path(args.out if args.out != parser().get_default("out") else src / "rejudged")
     command = "python -m llm_lb_gym.experiments.sim_to_real " + " ".join(sys.argv[1:] if argv is None else argv)
     sims = _simulators(old, out, command + f" (stored run: `{run['command']}`, package {run['package']})", profile)
+    sims = with_served_path(sims, run.get("served_path"))   # runs before 2026-12-07 measured none
     routers = [r for r in old.routers.split(",") if r]
     served_keys = lambda d: {k: v for k, v in d.items() if k != "predicted_waits"}   # noqa: E731
     per_rate = {float(rate): [{r: served_keys(rep[r]) for r in routers} for rep in reps]

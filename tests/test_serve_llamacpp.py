@@ -153,9 +153,15 @@ def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     """The sim-to-real command end to end, tiny: 4 requests, one router, one load."""
     from llm_lb_gym.experiments import sim_to_real
 
-    report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin",
+    report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin", "--path-rounds", "1",
                                "--llama-server", SERVER, "--gguf", MODEL, "--out", str(tmp_path)])
     s = report["2.0"]
+    # The served path's delay, measured before the replays (4 lone requests a path), is in the
+    # record and is the simulated delay (its header line), so a re-judgement simulates the same.
+    path = report["run"]["served_path"]
+    assert path["requests"] == 4 and path["hop_s"] == pytest.approx(path["router_s"] - path["direct_s"], rel=1e-12)
+    assert 0 < path["router_s"] < 0.05 and 0 < path["direct_s"] < 0.05, path   # ms, not a prompt's time
+    assert "served path's delay" in (tmp_path / "summary.md").read_text()
     assert s["round_robin"]["errors"] == 0 and s["round_robin"]["requests"] == 4
     rr = s["round_robin"]
     # Waits only slow a server down; the probe's factor is this machine against the profile's (either side of 1).
@@ -170,6 +176,11 @@ def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))   # each request's simulated times beside the served
     assert len(rows) == 4 and all(float(r["sim_ttft_s"]) > 0 and float(r["sim_e2e_s"]) >= float(r["sim_ttft_s"])
                                   and r["arrival_state"] in sim_to_real.ARRIVAL_STATES for r in rows)
+    # The server's own clock, through the router: its prompt time is inside the TTFT the client saw
+    # (it also computed every prompt token: no prompt cache), and the simulated prompt time beside it.
+    assert all(0 < float(r["server_prompt_s"]) < float(r["ttft_s"]) and float(r["server_decode_s"]) >= 0
+               and 0 < float(r["sim_prompt_s"]) <= float(r["sim_ttft_s"]) for r in rows)
+    assert "prompt time served (s)" in text
     # Re-judged from what it stored, without servers: the same simulated figures, bit for bit,
     # and the same per-request simulated times.
     again = sim_to_real.main(["--rejudge", str(tmp_path), "--out", str(tmp_path / "again")])
@@ -191,7 +202,7 @@ def test_sim_to_real_simulates_with_the_fit_of_a_given_profile(tmp_path):
     slow = tmp_path / "slow.csv"
     cl.write_points([cl.Measured(p, p.gpu_s * 2, 1.0) for p in cl.read_points()], slow, 3)
     args = ["--requests", "4", "--rates", "2", "--routers", "round_robin", "--llama-server", SERVER,
-            "--gguf", MODEL]
+            "--gguf", MODEL, "--path-rounds", "0"]
     base = sim_to_real.main(args + ["--out", str(tmp_path / "a")])["2.0"]
     fitted = sim_to_real.main(args + ["--profile", str(slow), "--out", str(tmp_path / "b")])["2.0"]
     ratio = fitted["round_robin (sim, as profiled)"]["mean_e2e_s"] / base["round_robin (sim, as profiled)"]["mean_e2e_s"]
@@ -212,7 +223,8 @@ def test_sim_to_real_reads_the_servers_own_speed_on_the_checks_footing(tmp_path)
     cl.write_points([cl.Measured(p, p.gpu_s, 1.0, 0.004, 0.005, 0.008) for p in cl.read_points()], checked, 3)
     assert [p.gpu_s for p in cl.read_points(checked)] == pytest.approx([p.gpu_s for p in cl.read_points()], rel=1e-6)
     report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin", "--llama-server", SERVER,
-                               "--gguf", MODEL, "--profile", str(checked), "--out", str(tmp_path / "out")])["2.0"]
+                               "--gguf", MODEL, "--profile", str(checked), "--path-rounds", "0",
+                               "--out", str(tmp_path / "out")])["2.0"]
     rr = report["round_robin"]
     assert rr["check_prefill_s"] > 0 and rr["check_decode_s"] > 0
     assert (rr["check_compute_factor"], rr["check_extra_s"]) == pytest.approx(
@@ -222,3 +234,32 @@ def test_sim_to_real_reads_the_servers_own_speed_on_the_checks_footing(tmp_path)
     assert "footing check" in text and "check factor, ms per iteration" in text
     with pytest.raises(SystemExit, match="--footing check needs a profile with server checks"):
         sim_to_real.main(["--footing", "check", "--llama-server", SERVER, "--gguf", MODEL, "--out", str(tmp_path / "x")])
+
+
+def test_a_stream_reports_the_servers_own_prompt_time_to_the_profile_and_the_load_generator(servers):
+    """llama-server's final stream event carries its ``timings``: the profile reads the prompt
+    time of the very request whose first token it timed (the frontend delay), and the load
+    generator keeps it per request, non-streamed too (the TTFT split of sim_to_real)."""
+    import asyncio
+    import time
+
+    import aiohttp
+
+    from llm_lb_gym.experiments.calibrate_llamacpp import _stream
+    from llm_lb_gym.serve.loadgen import replay
+
+    async def lone():
+        async with aiohttp.ClientSession() as client:
+            t0 = time.monotonic()
+            times, prompt_s = await _stream(client, servers[0].url, "smollm2", 8, 3)
+            return times, prompt_s, t0
+
+    times, prompt_s, t0 = asyncio.run(lone())
+    assert len(times) == 3 and 0 < prompt_s < times[0] - t0 < prompt_s + 0.5
+    extra = {"ignore_eos": True, "cache_prompt": False, "temperature": 0.0}
+    for stream in (True, False):
+        res = asyncio.run(replay(servers[1].url, [0.0, 0.1], [8, 16], [3, 2], model="smollm2", stream=stream,
+                                 extra_body=extra))
+        assert all(r.error is None and 0 < r.server_prompt_s <= r.e2e_s and r.server_decode_s >= 0 for r in res)
+        if stream:
+            assert all(r.server_prompt_s < r.ttft_s for r in res)

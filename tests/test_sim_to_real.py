@@ -404,6 +404,32 @@ def test_verdict_counts_router_loads_within_the_target_and_sums_the_rankings():
     assert "mean E2E within 15% in 3 of 4 router-loads" in lines[0] and "resolved 1 of 2" in lines[0]
 
 
+def test_the_served_paths_delay_is_every_simulated_engines_delay():
+    """``with_served_path``: the delay measured on the replays' own path (through the router)
+    becomes each footing's frontend delay (a frontend made for it where the engine has none),
+    said in the header; none measured: the very same simulators (stored runs simulate as
+    before); a delay below zero counts as none."""
+    from dataclasses import replace
+
+    from llm_lb_gym.experiments._sim_to_real_judge import with_served_path
+    from llm_lb_gym.serve.llamacpp_sim import llamacpp_engine_config
+    from llm_lb_gym.sim.frontend import FrontendModel
+
+    base = llamacpp_engine_config(4, 4096)
+    with_fe = replace(base, frontend=FrontendModel(delay_s=0.002, request_s=0.001, wake_s=((0.0, 0.0), (1.0, 0.01))))
+    sims = dict(engines={"check": with_fe, "probe": base}, lines=["head", "frontend line", ""], slot=1024)
+    assert with_served_path(sims, None) is sims
+    path = dict(router_s=0.0043, direct_s=0.0034, hop_s=0.0009, requests=32)
+    got = with_served_path(sims, path)
+    assert got["engines"]["check"].frontend == replace(with_fe.frontend, delay_s=0.0043)   # the rest kept
+    assert got["engines"]["probe"].frontend == FrontendModel(delay_s=0.0043)
+    assert got["lines"][:2] == ["head", "frontend line"] and got["lines"][2].startswith("served path's delay 4.30 ms")
+    assert "router's hop +0.90 ms" in got["lines"][2]
+    assert got["lines"][-1] == "" and got["slot"] == 1024 and sims["engines"]["check"] is with_fe   # not mutated
+    below = with_served_path(sims, dict(path, router_s=-0.0003))
+    assert below["engines"]["check"].frontend.delay_s == 0.0 and below["engines"]["probe"].frontend == FrontendModel()
+
+
 def test_arrival_states_and_the_split_by_them():
     """A request's state at arrival: nothing in flight, others on other instances only, or
     another on its own instance; the split averages served and simulated TTFT per state."""
@@ -421,6 +447,19 @@ def test_arrival_states_and_the_split_by_them():
     assert "| 2 | 0.200 | 0.125 | -37.5% |" in idle
     assert any("| other instance busy | 1 | 0.200 | 0.100 | -50.0% |" in line for line in lines)
     assert any("| own instance busy | 1 | 0.400 | 0.200 | -50.0% |" in line for line in lines)
+    assert not any("prompt time" in line for line in lines)   # no server timings: no split
+    # With the server's own prompt time (and the simulated one), TTFT split into it and the rest;
+    # read back from results.csv the cells are strings, an empty one none.
+    for r, sp, mp in zip(rows, ["0.06", "0.1", "0.3", "", "0.2"], [0.05, 0.08, 0.15, 0.1, 0.05]):
+        r.update(server_prompt_s=sp, sim_prompt_s=mp)
+    lines = arrival_split(rows, ["rr"])
+    assert any("prompt time served (s)" in line for line in lines)
+    idle = next(line for line in lines if "| cluster idle |" in line)
+    assert "| 2 | 0.200 | 0.125 | -37.5% | 0.060 | 0.050 | -16.7% | 40.0 | 50.0 |" in idle   # the row without TTFT left out
+    assert any("| other instance busy | 1 | 0.200 | 0.100 | -50.0% | 0.100 | 0.080 | -20.0% | 100.0 | 20.0 |" in line
+               for line in lines)
+    busy = next(line for line in lines if "| own instance busy |" in line)
+    assert busy.endswith("| 0.300 | 0.150 | -50.0% | 100.0 | 50.0 |")
 
 
 def test_background_threads_count_every_other_runnable_thread(tmp_path):

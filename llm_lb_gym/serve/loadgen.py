@@ -10,7 +10,11 @@ backend generates exactly the workload's tokens.
 
 Per request: TTFT (first SSE event with text), mean TBT (time between the first and the last
 token over the tokens after the first), E2E, tokens received, HTTP status and the error, if
-any. Latencies are reported in the workload's seconds: wall seconds times ``time_scale``
+any; and where the server reports its own ``timings`` (llama.cpp's ``prompt_ms`` and
+``predicted_ms``, in the final stream event or the body), the server's time on the prompt and on
+the further tokens. Why: a served TTFT is the prompt's computation plus everything around it
+(queueing, HTTP, the router's hop); the server's own clock splits the two, so a sim-to-real gap
+can be put on the computation or on the rest (``experiments/sim_to_real.py``). Latencies are reported in the workload's seconds: wall seconds times ``time_scale``
 (which is what the simulated backends' clock runs at when given the same time scale).
 """
 
@@ -39,6 +43,19 @@ class Result:
     tokens: int
     status: int
     error: str | None
+    server_prompt_s: float = math.nan
+    """The server's own time on the prompt (llama.cpp ``timings.prompt_ms``; NaN: not reported)."""
+    server_decode_s: float = math.nan
+    """The server's own time on the tokens after the first (``timings.predicted_ms``)."""
+
+
+def _timings_s(obj) -> tuple[float, float]:
+    """(prompt, decode) seconds of a response's ``timings`` (NaN where absent)."""
+    t = obj.get("timings") if isinstance(obj, dict) else None
+    if not isinstance(t, dict):
+        return math.nan, math.nan
+    return (float(t["prompt_ms"]) / 1e3 if "prompt_ms" in t else math.nan,
+            float(t["predicted_ms"]) / 1e3 if "predicted_ms" in t else math.nan)
 
 
 def _error_of(payload: bytes) -> str | None:
@@ -67,6 +84,7 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
         path = "/v1/completions"
     body.update(extra)
     first = last = math.nan
+    timings = (math.nan, math.nan)
     tokens, status, error = 0, 0, None
     async with sem:
         try:
@@ -75,8 +93,9 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
                 if status != 200:
                     error = _error_of(await r.read()) or f"HTTP {status}"
                 elif not stream:
-                    usage = json.loads(await r.read()).get("usage", {})
-                    tokens = int(usage.get("completion_tokens", d))
+                    obj = json.loads(await r.read())
+                    tokens = int(obj.get("usage", {}).get("completion_tokens", d))
+                    timings = _timings_s(obj)
                     first = last = time.monotonic()
                 else:
                     async for raw in r.content:
@@ -92,6 +111,11 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
                                 first = now
                             last = now
                             tokens += 1
+                        elif '"timings"' in line:   # the final event (llama.cpp): the server's own clock
+                            try:
+                                timings = _timings_s(json.loads(line[6:]))
+                            except (ValueError, KeyError, TypeError):
+                                pass   # not ours to judge: the latencies stand without it
         except Exception as exc:   # connection refused, reset, timeout: recorded, not raised
             error = f"{type(exc).__name__}: {exc}"
     end = time.monotonic()
@@ -100,7 +124,8 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
     ok = error is None
     tbt = (last - first) / (tokens - 1) * scale if ok and tokens > 1 else math.nan
     return Result(i, arrival_s, p, d, (first - start) * scale if ok else math.nan, tbt,
-                  (end - start) * scale if ok else math.nan, tokens, status, error)
+                  (end - start) * scale if ok else math.nan, tokens, status, error,
+                  *(t * scale if ok else math.nan for t in timings))
 
 
 async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str = "sim-model",
