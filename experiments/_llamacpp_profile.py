@@ -36,7 +36,8 @@ speed of the profile (:func:`check_footing_s`: the cores' factor and the memory 
 iteration both removed); without, ``x min(probe_s) / probe_s``, on a quiet core of its own.
 Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time;
 phase ``wake`` rows (label ``wake idle <seconds> s``) its TTFT after that long idle less its TTFT
-back to back."""
+back to back (since 2026-12-07 0 where that difference is not resolved from the noise,
+``calibrate_llamacpp.wake_extra_s``; earlier profiles hold the raw difference)."""
 
 
 @dataclass(frozen=True)

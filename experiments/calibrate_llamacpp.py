@@ -29,9 +29,10 @@ so every prompt token is computed and every request decodes exactly its tokens):
   the server's own ``timings.prompt_ms`` for that same request (its final event): llama-server's per-request work
   outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the
   ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``);
-- waking from idleness: the same lone streamed request after the server (and this client) sat
+- waking from idleness: a lone streamed 4-token request after the server (and this client) sat
   idle for :data:`WAKE_IDLE_S` seconds, interleaved, its TTFT less the back-to-back one (median
-  per idle time): the frontend's ``wake_s`` points. Why: every point above is timed back to
+  per idle time, kept where its 95% CI lies above 0, :func:`wake_extra_s`): the frontend's
+  ``wake_s`` points. Why: every point above is timed back to
   back, while a request of a light load finds the server idle for seconds, and on this VM such a
   request's first token came 7-24 ms later than the profile said (more the longer the idleness;
   docs/serving.md).
@@ -82,6 +83,13 @@ FRONTEND_PROMPT = 16
 FRONTEND_REPEATS = 8
 WAKE_IDLE_S = (0.2, 1.0, 3.0, 10.0)
 """Idle times before the wake-up points (the back-to-back request is their reference)."""
+WAKE_PROMPT = 4
+"""Prompt tokens of the wake-up points' requests. Why this short (16 until 2026-12-07): a prompt's
+computation varies by up to a fifth from one request to the next on this VM, so a 16-token
+prompt (~110 ms) put +-10 ms of noise into a median of 5, as large as the effect measured (the
+profile of 2026-12-07 read +23.5, +3.5, +21.8 and +4.7 ms after 0.2, 1, 3 and 10 s); a 4-token
+one (~30 ms) a quarter of it, and a wake-up's cost (threads, caches: per iteration, not per
+token) is the same."""
 
 
 def prompt_text(tokens: int) -> str:
@@ -235,17 +243,20 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
 
 
 async def _wake_points(client, url: str, model: str, repeats: int, log: Callable[[str], None]) -> list[Measured]:
-    """A lone streamed request's TTFT after each of :data:`WAKE_IDLE_S` of idleness, less its TTFT
-    back to back (medians over ``repeats`` rounds, the idle times interleaved in each round so that
-    a drift of the machine's speed hits each alike): ``wake`` points (``_llamacpp_profile.wake_points``)."""
+    """A lone streamed request's TTFT (:data:`WAKE_PROMPT` tokens) after each of
+    :data:`WAKE_IDLE_S` of idleness, less its TTFT back to back (medians over ``repeats`` rounds,
+    at least 5, the idle times interleaved in each round so that a drift of the machine's speed
+    hits each alike): ``wake`` points (``_llamacpp_profile.wake_points``). The whole TTFT, not
+    the part beyond the server's prompt time: a server woken from idleness may also compute its
+    first iteration slower (cold caches), and that is part of what a request after idleness pays."""
     async def ttft() -> float:
         t0 = time.monotonic()
-        times = await _stream_times(client, url, model, FRONTEND_PROMPT, 2)
+        times = await _stream_times(client, url, model, WAKE_PROMPT, 2)
         return times[0] - t0
 
     gaps = (0.0,) + WAKE_IDLE_S
     got: dict[float, list[float]] = {g: [] for g in gaps}
-    for _ in range(max(repeats, 3)):
+    for _ in range(max(repeats, 5)):
         for g in gaps:
             if g:
                 await asyncio.sleep(g)
@@ -253,12 +264,40 @@ async def _wake_points(client, url: str, model: str, repeats: int, log: Callable
                 await ttft()   # back to back: right after another request
             got[g].append(await ttft())
     ref = float(np.median(got[0.0]))
-    points = [Measured(CalibrationPoint("wake", f"wake idle {g:g} s", FRONTEND_PROMPT, 0, 0, 0,
-                                        max(float(np.median(got[g])) - ref, 0.0), 0.0, 0.0),
-                       float(np.median(got[g])) - ref, 1.0) for g in WAKE_IDLE_S]
-    log(f"  a lone {FRONTEND_PROMPT}-token request after idleness: TTFT back to back {ref * 1e3:.1f} ms, then "
-        + ", ".join(f"+{m.point.gpu_s * 1e3:.1f} ms after {g:g} s" for g, m in zip(WAKE_IDLE_S, points)))
+    points, said = [], []
+    for g in WAKE_IDLE_S:
+        diff, lo, hi = wake_extra_s(got[g], got[0.0])
+        kept = diff if lo > 0 else 0.0
+        points.append(Measured(CalibrationPoint("wake", f"wake idle {g:g} s", WAKE_PROMPT, 0, 0, 0, kept, 0.0, 0.0),
+                               kept, 1.0))
+        said.append(f"{diff * 1e3:+.1f} ms [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}] after {g:g} s"
+                    + ("" if lo > 0 else " (not resolved: 0)"))
+    log(f"  a lone {WAKE_PROMPT}-token request after idleness: TTFT back to back {ref * 1e3:.1f} ms, then "
+        + ", ".join(said) + " (95% CI)")
     return points
+
+
+WAKE_BOOTSTRAP = 2000
+
+
+def wake_extra_s(after: Sequence[float], back_to_back: Sequence[float]) -> tuple[float, float, float]:
+    """The median TTFT after idleness less the median back to back, with a 95% bootstrap CI
+    (:data:`WAKE_BOOTSTRAP` resamples of each side, a fixed seed: the same profile gives the same
+    rows). The profile keeps a wake point only where the CI lies above 0 (a wake-up that costs
+    time), else 0. Why: a median of 5 short requests still moves by several ms on this VM (the
+    profile of 2026-12-07 read +23.5, +3.5, +21.8, +4.7 ms after 0.2, 1, 3 and 10 s; the
+    server's own prompt times after 1-3 s idle, 12 rounds, no slower than back to back), and a
+    point taken from noise puts that noise into every simulated request of a light load: in
+    that day's sim_to_real run it added ~10 ms to each idle request's TTFT and hid a prompt
+    time simulated 13% short (docs/serving.md)."""
+    a, b = np.asarray(after, np.float64), np.asarray(back_to_back, np.float64)
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError("wake_extra_s: no requests timed")
+    rng = np.random.default_rng(0)
+    boot = (np.median(a[rng.integers(0, len(a), (WAKE_BOOTSTRAP, len(a)))], axis=1)
+            - np.median(b[rng.integers(0, len(b), (WAKE_BOOTSTRAP, len(b)))], axis=1))
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(np.median(a) - np.median(b)), float(lo), float(hi)
 
 
 def _median_net(runs: Sequence[tuple[float, float]]) -> tuple[float, float]:
