@@ -216,6 +216,12 @@ def test_assembler_joins_split_chunks_and_falls_back_to_its_own_counts():
                                  "finish_reason": "stop"}]
     assert reply["usage"] == {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
     assert (reply["id"], reply["created"], reply["object"]) == ("c1", 3, "chat.completion")
+    assert "timings" not in reply   # none sent, none made up
+    asm = Assembler("completions")   # llama.cpp's final event carries its own timings: kept
+    asm.feed(b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\n\n'
+             b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}],'
+             b'"timings":{"prompt_n":4,"prompt_ms":12.5,"predicted_ms":3.0}}\n\ndata: [DONE]\n\n')
+    assert asm.reply(prompt_tokens=4)["timings"] == {"prompt_n": 4, "prompt_ms": 12.5, "predicted_ms": 3.0}
 
 
 def test_assemble_upstream_must_be_a_bool():

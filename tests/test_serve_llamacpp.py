@@ -87,6 +87,7 @@ def test_assembled_reply_equals_llama_server_s_own(servers):
             for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
                 assert got["usage"][k] == own["usage"][k], (path, k)
             assert got["object"] == own["object"] and got["model"] == own["model"]
+            assert got["timings"]["prompt_n"] == own["timings"]["prompt_n"] > 0   # the server's own clock kept
 
 
 def _slot_freed_within(url: str, timeout_s: float) -> float:
@@ -257,6 +258,11 @@ def test_a_stream_reports_the_servers_own_prompt_time_to_the_profile_and_the_loa
     times, prompt_s, t0 = asyncio.run(lone())
     assert len(times) == 3 and 0 < prompt_s < times[0] - t0 < prompt_s + 0.5
     extra = {"ignore_eos": True, "cache_prompt": False, "temperature": 0.0}
+    cfg = RouterServiceConfig(backends=(servers[1].url,), models=("smollm2",), context_tokens=1024,
+                              num_blocks=2048 // 16 // 2, poll_interval_s=0.1)
+    with ServerThread(create_app(cfg)) as r:   # through the router too: its assembled reply keeps them
+        res = asyncio.run(replay(r.url, [0.0], [8], [3], model="smollm2", stream=False, extra_body=extra))
+    assert res[0].error is None and 0 < res[0].server_prompt_s < res[0].e2e_s
     for stream in (True, False):
         res = asyncio.run(replay(servers[1].url, [0.0, 0.1], [8, 16], [3, 2], model="smollm2", stream=stream,
                                  extra_body=extra))

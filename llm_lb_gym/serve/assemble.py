@@ -9,7 +9,9 @@ What is assembled, per choice index: completions' ``text`` concatenated; chat's 
 from the deltas (``role``, and every string field concatenated: ``content``, and
 ``reasoning_content`` / ``refusal`` where a server sends them); ``finish_reason`` (the last
 non-null one); top level ``id``, ``created``, ``model``, ``system_fingerprint`` from the chunks
-and ``usage`` from the chunk that carries it (asked for with ``stream_options.include_usage``).
+and ``usage`` from the chunk that carries it (asked for with ``stream_options.include_usage``);
+``timings`` where the backend sends them (llama.cpp's final event: its own prompt and decode
+times, which its non-streamed reply carries too and the load generator reads).
 A backend that sends no usage gets the router's counts (prompt tokens as it counted them,
 completion tokens = content events). Requests whose stream cannot be assembled this simply
 (``logprobs``, ``tools`` / ``functions``, ``best_of``) are passed through unchanged
@@ -47,7 +49,7 @@ class UpstreamErrorEvent(Exception):
 class Assembler:
     """Feed it the upstream bytes as they come; ``reply()`` is the non-streamed body."""
 
-    __slots__ = ("chat", "buf", "texts", "roles", "finish", "top", "usage", "done", "events")
+    __slots__ = ("chat", "buf", "texts", "roles", "finish", "top", "usage", "timings", "done", "events")
 
     def __init__(self, kind: str):
         self.chat = kind == CHAT
@@ -57,6 +59,7 @@ class Assembler:
         self.finish: dict[int, str | None] = {}
         self.top: dict = {}
         self.usage: dict | None = None
+        self.timings: dict | None = None
         self.done = False           # [DONE] seen
         self.events = 0             # events that carried generated text
 
@@ -85,6 +88,8 @@ class Assembler:
             self.top = {k: obj[k] for k in ("id", "created", "model", "system_fingerprint") if k in obj}
         if obj.get("usage"):
             self.usage = obj["usage"]
+        if obj.get("timings"):
+            self.timings = obj["timings"]
         for ch in obj.get("choices") or ():
             i = ch.get("index", 0)
             parts = self.texts.setdefault(i, {})
@@ -134,4 +139,5 @@ class Assembler:
         return {"id": self.top.get("id", ""), "object": obj, "created": self.top.get("created", 0),
                 "model": self.top.get("model", ""), "choices": choices, "usage": usage,
                 **({"system_fingerprint": self.top["system_fingerprint"]}
-                   if "system_fingerprint" in self.top else {})}
+                   if "system_fingerprint" in self.top else {}),
+                **({"timings": self.timings} if self.timings else {})}
