@@ -187,8 +187,8 @@ def with_served_path(sims: dict, path: dict | None) -> dict:
 
     Why replace the profile's delay rather than add the router's hop to it: the profile measures
     the server's delay with its own client, straight, at another time (2.2 ms on 2026-12-07);
-    the replays' requests go through a router process and the load generator's client (3.4 ms
-    straight with that client, 4.3 ms through the router, the same afternoon). The delay a
+    the replays' requests go through a router process and the load generator's client (3.1 ms
+    straight with that client, 3.9 ms through the router, before that day's stored run). The delay a
     replayed request pays is the one measured on its own path, minutes before; a lone request's
     first token carries it whole, as the frontend's ``delay_s`` is carried (a latency that takes
     no server CPU). The profile's wake-up points stay as they are."""

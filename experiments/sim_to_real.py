@@ -150,6 +150,7 @@ def start_router(urls, router: str, args, slot_tokens: int, preset: str):
 
 
 PATH_ROUNDS = 8
+"""Rounds of the served path's measurement (``--path-rounds``): 8 x 4 requests a path, ~20 s."""
 PATH_REQUESTS = 4
 """Lone requests per path and round of the served path's measurement (:func:`served_path`), 0.25 s apart."""
 PATH_PROMPT = 8
@@ -193,7 +194,8 @@ def served_path(args, slot_tokens: int, preset: str) -> dict:
                 for r in res:
                     if r.error is not None or r.server_prompt_s != r.server_prompt_s:
                         raise RuntimeError(f"sim_to_real: the served path's request to {u} failed "
-                                           f"({r.error or 'no server timings in its stream'})")
+                                           f"({r.error or 'no server timings in its stream'}); --path-rounds 0 "
+                                           "skips this measurement")
                     excess[name].append(r.ttft_s - r.server_prompt_s)
     finally:
         if proc is not None:
