@@ -69,6 +69,7 @@ from llm_lb_gym.experiments._llamacpp_profile import (  # the fit lives there: s
     FIT_TERMS, LlamaCppFit, fit,
     FIELDS, FOOTINGS, PROFILE_CSV, Measured, check_reference_s, frontend_delay_s, probe_reference_s, read_points,
     read_rows, wake_points, write_points)
+from llm_lb_gym.serve.loadgen import server_timings_s
 from llm_lb_gym.sim.latency import causal_pairs
 
 PREFILL_PROMPTS = (8, 16, 32, 64, 128, 192, 256, 384, 512)
@@ -134,7 +135,7 @@ async def _stream(client, url: str, model: str, prompt: int, tokens: int) -> tup
             if '"finish_reason":null' in line.replace(" ", ""):
                 times.append(time.monotonic())   # the closing event (finish_reason set) has no token
             elif '"timings"' in line:
-                prompt_s = float(json.loads(line[6:])["timings"]["prompt_ms"]) / 1e3
+                prompt_s = server_timings_s(json.loads(line[6:]))[0]
     if len(times) != tokens:
         raise RuntimeError(f"a stream delivered {len(times)} token events of {tokens}")
     return times, prompt_s

@@ -49,7 +49,7 @@ class Result:
     """The server's own time on the tokens after the first (``timings.predicted_ms``)."""
 
 
-def _timings_s(obj) -> tuple[float, float]:
+def server_timings_s(obj) -> tuple[float, float]:
     """(prompt, decode) seconds of a response's ``timings`` (NaN where absent)."""
     t = obj.get("timings") if isinstance(obj, dict) else None
     if not isinstance(t, dict):
@@ -95,7 +95,7 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
                 elif not stream:
                     obj = json.loads(await r.read())
                     tokens = int(obj.get("usage", {}).get("completion_tokens", d))
-                    timings = _timings_s(obj)
+                    timings = server_timings_s(obj)
                     first = last = time.monotonic()
                 else:
                     async for raw in r.content:
@@ -113,7 +113,7 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
                             tokens += 1
                         elif '"timings"' in line:   # the final event (llama.cpp): the server's own clock
                             try:
-                                timings = _timings_s(json.loads(line[6:]))
+                                timings = server_timings_s(json.loads(line[6:]))
                             except (ValueError, KeyError, TypeError):
                                 pass   # not ours to judge: the latencies stand without it
         except Exception as exc:   # connection refused, reset, timeout: recorded, not raised
