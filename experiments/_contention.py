@@ -56,19 +56,30 @@ def probe_s() -> float:
 
 
 def bracket_reading_s(before, after) -> float:
-    """The probe's reading of a stretch of work bracketed by probes: the median over brackets of
-    the lesser of the probe just before and the one just after.
+    """The reading of a stretch of work bracketed by probes or server checks: the mean of every
+    reading just before it and just after it.
 
     Why one estimator for both sides: a profile point's reading (``calibrate_llamacpp``) and a
     replay's (``sim_to_real``) are divided by each other, so they must be the same statistic. In
     package 0.7.0 the profile took min(before, after) per repeat and the replay the median of
     raw probes; on this VM a raw probe's median runs 0-11% above the median of pairs' minima
-    (200 probes, three trials), a bias that went straight into the correction (the quiet
-    sim_to_real run was +8% to +21% too slow at 0.5 and 1.0 req/s)."""
-    pairs = [min(a, b) for a, b in zip(before, after, strict=True)]
-    if not pairs:
+    (200 probes, three trials), a bias that went straight into the correction.
+
+    Why the mean, not the lesser of each pair (the 2026-12-06/07 runs): the stretch's time is
+    the machine's *average* speed over it, and the lesser of two readings is biased fast by as
+    much as the machine's speed varies. On a quiet profile (checks within 2% of each other) the
+    two agree; during the 2026-12-07 replays this VM's speed moved +-25% (p10-p90) with a
+    correlation time of 10-20 s (106 back-to-back checks: autocorrelation 0.54 at 1 s, 0.36 at
+    11 s, 0.04 at 23 s), and the lesser of 3+3 checks 20-45 s apart read 0.88-0.90 of the
+    average between them, the mean 0.99-1.02 (also the least spread of four statistics tried):
+    the replays' prompts then ran 13% slower than the profile's fit at the checks' speed."""
+    readings = [*before, *after]
+    if len(before) != len(after):
+        raise ValueError(f"bracket_reading_s: {len(before)} readings before and {len(after)} after; "
+                         "allowed: as many after as before")
+    if not readings:
         raise ValueError("bracket_reading_s: no probes")
-    return float(np.median(pairs))
+    return float(np.mean(readings))
 
 
 CHECK_PROMPT_TOKENS = 64

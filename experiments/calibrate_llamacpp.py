@@ -19,7 +19,7 @@ so every prompt token is computed and every request decodes exactly its tokens):
   Each point is measured :data:`REPEATS` times; the repeat with the median net time is kept;
 - the server's own speed check (``_contention.server_check_s``: a 64-token prompt's time per
   token and a one-stream decode step, from the server's ``timings``) before the first point and
-  after each one; a point's check is the lesser of the two around it. On the check's footing
+  after each one; a point's check is the mean of the two around it (``bracket_reading_s``). On the check's footing
   (the default fit when a profile has them) each point is put at the profile's median check
   speed: divided by the cores' factor (prompt speed), less the memory system's change of the
   decode step beyond it, a cost per iteration (``llamacpp_sim.phase_scaled_latency`` says why).
@@ -187,7 +187,7 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
     checks = [server_check_s(url, pid, model)]   # the server's own speed, between points
 
     def checked() -> tuple[float, float]:
-        """The server check bracketing the point just measured (the lesser of the one before and
+        """The server check bracketing the point just measured (the mean of the one before and
         the one after it, per component: ``bracket_reading_s``, as a replay reads its checks)."""
         checks.append(server_check_s(url, pid, model))
         return tuple(bracket_reading_s([a], [b]) for a, b in zip(checks[-2], checks[-1]))

@@ -207,7 +207,7 @@ def served_path(args, slot_tokens: int, preset: str) -> dict:
 
 
 IDLE_PROBES = 5
-"""Probes before and after each replay, with the servers idle (paired by ``bracket_reading_s``, as the
+"""Probes before and after each replay, with the servers idle (read by ``bracket_reading_s``, as the
 profile's 5 repeats a point are)."""
 
 
@@ -268,7 +268,7 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
 
 IDLE_CHECKS = 3
 """Server checks (``_contention.server_check_s``) before and after each replay, the servers taking
-turns, all idle (paired by ``bracket_reading_s``, as the probes are)."""
+turns, all idle (read by ``bracket_reading_s``: their mean, as the probes are)."""
 
 
 def _server_checks(servers) -> list[tuple[float, float]]:

@@ -346,14 +346,17 @@ def test_the_cpu_probe_runs_on_one_blas_thread():
     assert _contention.probe_s() > 0
 
 
-def test_bracket_reading_is_the_median_of_paired_minima():
+def test_bracket_reading_is_the_mean_of_the_readings_around_the_stretch():
     """The profile's points and sim_to_real's replays are read with one statistic (their ratio is
-    the correction): the median over brackets of min(probe before, probe after)."""
+    the correction): the mean of the readings before and after, which a machine whose speed
+    varies reads at its average where the lesser of each pair reads it fast."""
     from llm_lb_gym.experiments._contention import bracket_reading_s
 
-    assert bracket_reading_s([5.0, 1.0, 9.0], [4.0, 3.0, 2.0]) == 2.0   # minima 4, 1, 2
-    assert bracket_reading_s([7.0], [6.0]) == 6.0
-    with pytest.raises(ValueError):
+    assert bracket_reading_s([5.0, 1.0, 9.0], [4.0, 3.0, 2.0]) == pytest.approx(4.0)
+    assert bracket_reading_s([7.0], [6.0]) == 6.5
+    # a machine alternating between 1.0 and 1.3 (s per unit of work): the average 1.15, not 1.0
+    assert bracket_reading_s([1.0, 1.3, 1.0], [1.3, 1.0, 1.3]) == pytest.approx(1.15)
+    with pytest.raises(ValueError, match="as many after as before"):
         bracket_reading_s([1.0, 2.0], [1.0])
     with pytest.raises(ValueError):
         bracket_reading_s([], [])
