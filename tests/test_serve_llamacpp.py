@@ -269,3 +269,13 @@ def test_a_stream_reports_the_servers_own_prompt_time_to_the_profile_and_the_loa
         assert all(r.error is None and 0 < r.server_prompt_s <= r.e2e_s and r.server_decode_s >= 0 for r in res)
         if stream:
             assert all(r.server_prompt_s < r.ttft_s for r in res)
+
+
+def test_the_machine_speed_probe_measures_a_real_server(capsys):
+    """probe_machine_speed against llama-server: a few seconds of back-to-back checks, each a
+    positive prompt and decode speed, and the report's lines."""
+    from llm_lb_gym.experiments import probe_machine_speed
+
+    probe_machine_speed.main(["--seconds", "4", "--replay-s", "1"])
+    out = capsys.readouterr().out
+    assert "checks over" in out and "prompt ms per token p10 / p50 / p90" in out and "autocorrelation" in out

@@ -362,6 +362,29 @@ def test_bracket_reading_is_the_mean_of_the_readings_around_the_stretch():
         bracket_reading_s([], [])
 
 
+def test_the_speed_probe_reads_how_the_bracket_statistics_read_a_moving_machine():
+    """probe_machine_speed's statistics: a machine alternating between two speeds every check is
+    read fast by the lesser of each pair and at its average by the mean; a steady one exactly by
+    both; the autocorrelation of an alternating series at lag 1 is -1, at lag 2 +1."""
+    import numpy as np
+
+    from llm_lb_gym.experiments.probe_machine_speed import autocorrelation, bracket_bias, report
+
+    alternating = np.array([1.0, 1.3] * 20)
+    got = bracket_bias(alternating, span=4)          # before/after pairs 1.0/1.0 or 1.0/1.3 ...
+    assert got["lesser"][0] < 0.95 and got["mean"][0] == pytest.approx(1.0, abs=0.01)
+    steady = bracket_bias(np.full(20, 2.0), span=6)
+    assert steady["lesser"] == pytest.approx((1.0, 0.0)) and steady["mean"] == pytest.approx((1.0, 0.0))
+    assert autocorrelation(alternating, 1) == pytest.approx(-1.0)
+    assert autocorrelation(alternating, 2) == pytest.approx(1.0)
+    assert np.isnan(autocorrelation(alternating[:3], 2))
+    with pytest.raises(ValueError, match="at least 10"):
+        bracket_bias(np.ones(9), span=4)
+    rows = np.c_[np.arange(40.0), alternating * 6e-3, alternating * 15e-3]
+    lines = report(rows, replay_s=4.0)
+    assert lines[0].startswith("40 checks over 39 s") and "lesser 0.870" in lines[-1] and "mean 1.000" in lines[-1]
+
+
 def test_paired_table_counts_resolved_pairs_and_the_simulators_sign():
     """Every pair of routers is compared; a served difference whose CI excludes 0 is resolved,
     and then the simulator's sign either agrees or is flagged."""
