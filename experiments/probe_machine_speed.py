@@ -27,6 +27,8 @@ import time
 
 import numpy as np
 
+from llm_lb_gym.experiments._contention import server_check_s
+
 LAGS_S = (1.0, 5.0, 10.0, 20.0, 40.0)
 BRACKET_CHECKS = 3
 """Checks on each side of a stretch, as ``sim_to_real.IDLE_CHECKS``."""
@@ -61,7 +63,6 @@ def bracket_bias(x: np.ndarray, span: int, k: int = BRACKET_CHECKS) -> dict[str,
 
 def measure(seconds: float, server: str | None, gguf: str | None) -> np.ndarray:
     """Rows (seconds since start, s per prompt token, s per decode step) of back-to-back checks."""
-    from llm_lb_gym.experiments._contention import server_check_s
     from llm_lb_gym.serve import llamacpp
 
     (srv,) = llamacpp.start_servers(1, server=server, model=gguf, ctx_tokens=4096)
