@@ -618,7 +618,8 @@ profile, what ``--rejudge`` reads (docs/serving.md). ``llamacpp_replays_20261206
 request with the server's own prompt time (``results.csv``); ``..._b``: the same later that day,
 ``--rates 0.5,1.5 --repeats 2``, its profile's wake-up points judged by their CI; ``..._c``: the
 first command again that evening, its readings the mean of the checks around each stretch
-(``_contention.bracket_reading_s``) instead of the lesser of each pair."""
+(``_contention.bracket_reading_s``) instead of the lesser of each pair; ``..._busy`` (that day):
+its profile, beside a one-core busy loop, ``--repeats 2``."""
 
 
 @pytest.mark.parametrize("run, loads, ranking, e2e, ttft", [
@@ -627,6 +628,7 @@ first command again that evening, its readings the mean of the checks around eac
     ("llamacpp_replays_20261207", 12, (18, 5), (12, 0.0415, 0.1425), (12, 0.0493, 0.1472)),
     ("llamacpp_replays_20261207_b", 8, (12, 1), (6, 0.1198, 0.2338), (5, 0.0867, 0.4426)),
     ("llamacpp_replays_20261207_c", 12, (18, 5), (10, 0.0685, 0.1581), (11, 0.0427, 0.2620)),
+    ("llamacpp_replays_20261207_busy", 12, (18, 2), (11, 0.0636, 0.1647), (10, 0.0794, 0.2878)),
 ])
 def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, loads, ranking, e2e, ttft):
     """The simulator judged against 36 real replays, without servers: per router and load the
@@ -641,7 +643,8 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
     same day's second run (2 loads, 2 repeats, its profile's wake-up points unresolved and 0):
     E2E 6 of 8, TTFT 5 of 8, 1 of 12 pairs resolved, agreeing. The third, its checks read by their
     mean: E2E 10 of 12, TTFT 11 of 12, 5 of 18 resolved, 5 of 5 agree; no compensating errors left
-    in the prompt time (below), the misses are single replays' noise."""
+    in the prompt time (below), the misses are single replays' noise. Beside the busy loop: E2E 11
+    of 12, TTFT 10 of 12 (short at 1.5 req/s), 2 of 18 resolved, 2 of 2 agree."""
     import json
 
     from llm_lb_gym.experiments import sim_to_real
