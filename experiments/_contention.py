@@ -82,6 +82,12 @@ def bracket_reading_s(before, after) -> float:
     return float(np.mean(readings))
 
 
+IDLE_CHECKS = 3
+"""Server checks (:func:`server_check_s`) before and after each of sim_to_real's replays, the
+servers taking turns, all idle (read by :func:`bracket_reading_s`: their mean, as the probes are);
+``probe_machine_speed`` reads its stretches with as many."""
+
+
 CHECK_PROMPT_TOKENS = 64
 CHECK_OUTPUT_TOKENS = 32
 """The server speed check's request: a prompt of 64 tokens (one iteration, compute-bound: the

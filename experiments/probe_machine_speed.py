@@ -27,11 +27,9 @@ import time
 
 import numpy as np
 
-from llm_lb_gym.experiments._contention import server_check_s
+from llm_lb_gym.experiments._contention import IDLE_CHECKS, server_check_s
 
 LAGS_S = (1.0, 5.0, 10.0, 20.0, 40.0)
-BRACKET_CHECKS = 3
-"""Checks on each side of a stretch, as ``sim_to_real.IDLE_CHECKS``."""
 
 
 def autocorrelation(x: np.ndarray, lag: int) -> float:
@@ -42,7 +40,7 @@ def autocorrelation(x: np.ndarray, lag: int) -> float:
     return float(np.corrcoef(x[:-lag], x[lag:])[0, 1])
 
 
-def bracket_bias(x: np.ndarray, span: int, k: int = BRACKET_CHECKS) -> dict[str, tuple[float, float]]:
+def bracket_bias(x: np.ndarray, span: int, k: int = IDLE_CHECKS) -> dict[str, tuple[float, float]]:
     """For every stretch of ``span`` checks with ``k`` checks before and ``k`` after it: each
     statistic's reading over the stretch's mean -> (median ratio, sd of its log). "lesser": the
     median of min(before_i, after_i), the statistic of package 0.7.0 until 2026-12-07; "mean":
@@ -88,7 +86,7 @@ def report(rows: np.ndarray, replay_s: float) -> list[str]:
     span = max(1, round(replay_s / period))
     try:
         got = bracket_bias(prompt, span)
-        lines.append(f"a {replay_s:g} s stretch read by {BRACKET_CHECKS} checks each side, over its average "
+        lines.append(f"a {replay_s:g} s stretch read by {IDLE_CHECKS} checks each side, over its average "
                      "(median; sd of the log): " + ", ".join(f"{k} {m:.3f} ({s:.3f})" for k, (m, s) in got.items()))
     except ValueError as e:
         lines.append(f"no bracket reading: {e} (run longer: --seconds)")

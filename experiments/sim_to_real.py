@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from llm_lb_gym.experiments._contention import (
-    ProbeSampler, bracket_reading_s, check_footing, probe_s, server_check_s)
+    IDLE_CHECKS, ProbeSampler, bracket_reading_s, check_footing, probe_s, server_check_s)
 from llm_lb_gym.experiments._llamacpp_profile import FOOTINGS
 from llm_lb_gym.experiments._sim_to_real_judge import (
     DECISION_INTERVAL_S, DEFAULT_WORKLOAD_OPTIONS, _simulators, judge, replace_seed, sample, simulate,
@@ -231,7 +231,7 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
 
     ``check``: the servers' own speed, checked idle around the replay (``_contention.
     server_check_s``: seconds per prompt token, per one-stream decode step; ``bracket_reading_s``
-    of :data:`IDLE_CHECKS` before and after), which ``--footing check`` reads against the
+    of ``_contention.IDLE_CHECKS`` before and after), which ``--footing check`` reads against the
     profile's checks."""
 
     from llm_lb_gym.serve import llamacpp
@@ -264,11 +264,6 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
             proc.kill()
             proc.wait()
         llamacpp.stop_servers(servers)
-
-
-IDLE_CHECKS = 3
-"""Server checks (``_contention.server_check_s``) before and after each replay, the servers taking
-turns, all idle (read by ``bracket_reading_s``: their mean, as the probes are)."""
 
 
 def _server_checks(servers) -> list[tuple[float, float]]:
