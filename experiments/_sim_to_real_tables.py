@@ -69,6 +69,48 @@ def arrival_split(rows: list[dict], routers) -> list[str]:
     return lines + [""]
 
 
+def correction_check(rows: list[dict], repeats: dict) -> tuple[list[str], dict | None]:
+    """Does the checks' correction track each replay's speed? Per replay (load, repeat, router) the
+    median served / simulated server prompt time of its requests that found the cluster idle
+    (``rows`` with ``server_prompt_s``, ``sim_prompt_s``, ``arrival_state``), against the replay's
+    checks' factor (``repeats``: rate -> repeats -> router -> readings, ``check_compute_factor``).
+    Served over the *uncorrected* simulation is about that ratio x the factor; its regression on
+    the factor (logs) has slope 1 where the checks read each replay's speed and 0 where they carry
+    none of it, and the spread with and without the correction says whether it helps.
+
+    Why: on the VM of 2026-12-07 the lesser of each pair of checks read the noisy machine fast
+    (slope 0.35 and 0.27, intercept x1.26 and x1.20; the correction widened the spread), which
+    the verdict alone hid behind compensating errors; read by their mean, slope 0.66 and
+    intercept x1.006 (docs/serving.md). Lines and figures, or none without the servers' prompt
+    times or the checks."""
+    per: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r.get("arrival_state") == "cluster idle" and _finite(r.get("server_prompt_s")) \
+                and _finite(r.get("sim_prompt_s")) and float(r["sim_prompt_s"]) > 0:
+            key = (float(r["rate_rps"]), int(r["repeat"]), r["router"])
+            per.setdefault(key, []).append(float(r["server_prompt_s"]) / float(r["sim_prompt_s"]))
+    x, y = [], []
+    for (rate, k, router), ratios in sorted(per.items()):
+        reps = repeats.get(str(rate)) or repeats.get(rate)
+        factor = reps[k][router].get("check_compute_factor", float("nan")) if reps else float("nan")
+        if _finite(factor) and factor > 0:
+            x.append(np.log(factor))
+            y.append(np.log(float(np.median(ratios)) * factor))
+    if len(x) < 3 or float(np.var(x)) == 0.0:
+        return [], None
+    x, y = np.array(x), np.array(y)
+    slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
+    got = dict(replays=len(x), slope=slope, intercept=float(np.exp(intercept)),
+               corrected=float(np.exp(np.median(y - x))), sd_corrected=float(np.std(y - x)),
+               uncorrected=float(np.exp(np.median(y))), sd_uncorrected=float(np.std(y)))
+    return [f"the checks' correction against the replays' own prompt times ({len(x)} replays; per replay the "
+            "median served / simulated server prompt time of requests that found the cluster idle): "
+            f"corrected x{got['corrected']:.3f} (sd of the log {got['sd_corrected']:.3f}), uncorrected about "
+            f"x{got['uncorrected']:.3f} ({got['sd_uncorrected']:.3f}); served / uncorrected against the checks' "
+            f"factor: slope {slope:.2f} (1: the checks track each replay's speed; 0: none of it), intercept "
+            f"x{got['intercept']:.3f}", ""], got
+
+
 def _finite(v) -> bool:
     """A number that is not NaN (results.csv read back gives strings; an empty cell is none)."""
     try:

@@ -385,6 +385,40 @@ def test_the_speed_probe_reads_how_the_bracket_statistics_read_a_moving_machine(
     assert lines[0].startswith("40 checks over 39 s") and "lesser 0.870" in lines[-1] and "mean 1.000" in lines[-1]
 
 
+def test_correction_check_reads_how_far_the_checks_track_each_replay():
+    """correction_check: replays whose served prompt time over the uncorrected simulation is the
+    checks' factor to the power 0.5 give slope 0.5, intercept 1; a factor the replays follow
+    exactly gives slope 1 and a corrected ratio of 1 with no spread; without server prompt
+    times, or with fewer than 3 replays, there is nothing to say."""
+    import math
+
+    from llm_lb_gym.experiments._sim_to_real_tables import correction_check
+
+    def run(power):
+        factors = {"r1": 1.0, "r2": 1.2, "r3": 0.9, "r4": 1.1}
+        rows = []
+        for router, f in factors.items():
+            for i in range(5):
+                sim = 0.1 * f   # the corrected simulation: the uncorrected 0.1 s x the factor
+                rows.append(dict(rate_rps="0.5", repeat="0", router=router, arrival_state="cluster idle",
+                                 server_prompt_s=str(0.1 * f ** power), sim_prompt_s=str(sim)))
+            rows.append(dict(rate_rps="0.5", repeat="0", router=router, arrival_state="own instance busy",
+                             server_prompt_s="9.0", sim_prompt_s="0.1"))   # not an idle arrival: ignored
+        repeats = {"0.5": [{r: {"check_compute_factor": f} for r, f in factors.items()}]}
+        return correction_check(rows, repeats)
+
+    lines, got = run(0.5)
+    assert got["replays"] == 4 and got["slope"] == pytest.approx(0.5) and got["intercept"] == pytest.approx(1.0)
+    assert "slope 0.50" in lines[0]
+    _, exact = run(1.0)
+    assert exact["slope"] == pytest.approx(1.0) and exact["corrected"] == pytest.approx(1.0)
+    assert exact["sd_corrected"] == pytest.approx(0.0, abs=1e-12) and exact["sd_uncorrected"] > 0
+    assert correction_check([dict(rate_rps="0.5", repeat="0", router="r1", arrival_state="cluster idle",
+                                  server_prompt_s="nan", sim_prompt_s="0.1")],
+                            {"0.5": [{"r1": {"check_compute_factor": 1.0}}]}) == ([], None)
+    assert not math.isnan(got["sd_corrected"])
+
+
 def test_paired_table_counts_resolved_pairs_and_the_simulators_sign():
     """Every pair of routers is compared; a served difference whose CI excludes 0 is resolved,
     and then the simulator's sign either agrees or is flagged."""
@@ -677,3 +711,6 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         text = (tmp_path / "summary.md").read_text()
         idle = next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
         assert idle == "| round_robin | cluster idle | 253 | 0.155 | 0.150 | -3.2% | 0.148 | 0.146 | -1.6% | 6.6 | 3.9 |"
+        # The checks, read by their mean, track the replays (slope 0.35 for the first run of the day)
+        assert report["correction"]["slope"] == pytest.approx(0.66, abs=0.01)
+        assert report["correction"]["intercept"] == pytest.approx(1.006, abs=0.005)
