@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from llm_lb_gym.experiments._contention import IDLE_CHECKS, server_check_s
+from llm_lb_gym.experiments._contention import IDLE_CHECKS, bracket_reading_s, server_check_s
 
 LAGS_S = (1.0, 5.0, 10.0, 20.0, 40.0)
 
@@ -55,7 +55,7 @@ def bracket_bias(x: np.ndarray, span: int, k: int = IDLE_CHECKS) -> dict[str, tu
         before, stretch, after = x[i:i + k], x[i + k:i + k + span], x[i + k + span:i + 2 * k + span]
         avg = stretch.mean()
         out["lesser"].append(float(np.median(np.minimum(before, after))) / avg)
-        out["mean"].append(float(np.mean(np.r_[before, after])) / avg)
+        out["mean"].append(bracket_reading_s(before, after) / avg)
     return {name: (float(np.median(r)), float(np.std(np.log(r)))) for name, r in out.items()}
 
 
