@@ -75,7 +75,12 @@ from llm_lb_gym.sim.latency import causal_pairs
 PREFILL_PROMPTS = (8, 16, 32, 64, 128, 192, 256, 384, 512)
 """Prompt lengths of the prefill points (one ubatch of 512 at most: a longer prompt is split)."""
 DECODE_BATCHES = (1, 2, 3, 4)
-DECODE_PROMPTS = (16, 256)
+DECODE_PROMPTS = (16, 128, 256)
+"""Prompt lengths of the decode points (each at every batch size). Why three (two until
+2026-12-07): the lone decode step, the commonest step of a light load, rested on two points of
+a few repeats each, and on this VM one point is good to ~10%; the stored profiles' two one-stream
+points read 0-25% above the server checks around them, and the replays' lone requests decoded
+0-11% faster than simulated (docs/serving.md). A third context costs about a minute."""
 DECODE_TOKENS = 24
 """Tokens each decode stream generates (the window holds about this many steps)."""
 REPEATS = 3
