@@ -269,4 +269,33 @@ def verdict(repeats: dict, routers) -> tuple[list[str], dict]:
     line = (f"**Against the targets** (the ratio of the means over the repeats, every load): mean E2E "
             f"{text['mean_e2e_s']}, mean TTFT {text['mean_ttft_s']}; router pairs resolved {ranking['resolved']} "
             f"of {ranking['pairs']}, the simulator's sign agrees in {ranking['same_sign']} of {ranking['resolved']}")
+    pooled_lines, out["per_load"] = per_load(repeats, routers)
+    return [line, ""] + pooled_lines, out
+
+
+def per_load(repeats: dict, routers) -> tuple[list[str], dict]:
+    """Per load, every router's replays pooled: the simulated / served ratio of the mean over all
+    of them (mean E2E, mean TTFT). Why beside the per-router verdict: the issue's target reads
+    "at every load tried", and one router's mean over a few replays carries the VM's speed noise
+    (a replay's served means move by ~10% with it, docs/serving.md), so the per-router verdict
+    asks more than the target; pooled, a load's mean rests on every replay of it. The
+    per-router verdict stays the headline; this says whether a load as a whole is simulated
+    right. ``repeats``: rate -> per repeat, the summaries."""
+    out = {"loads": len(repeats)}
+    text = {}
+    for key in ("mean_e2e_s", "mean_ttft_s"):
+        errs = {}
+        for rate, reps in repeats.items():
+            served = float(np.mean([s[r][key] for s in reps for r in routers]))
+            errs[rate] = float(np.mean([s[r + " (sim)"][key] for s in reps for r in routers])) / served - 1.0
+        a = np.abs(list(errs.values()))
+        if not np.isfinite(a).any():
+            out[key] = None
+            text[key] = "not measured"
+            continue
+        out[key] = {"within": int(np.sum(a <= TARGET)), "errors": errs}
+        text[key] = (f"within {TARGET:.0%} at {out[key]['within']} of {len(errs)} loads ("
+                     + ", ".join(f"{rate} req/s {e:+.1%}" for rate, e in errs.items()) + ")")
+    line = (f"Pooled over the routers, per load (every replay of a load, the ratio of the means): mean E2E "
+            f"{text['mean_e2e_s']}; mean TTFT {text['mean_ttft_s']}")
     return [line, ""], out

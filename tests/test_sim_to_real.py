@@ -462,6 +462,14 @@ def test_verdict_counts_router_loads_within_the_target_and_sums_the_rankings():
     assert v["mean_ttft_s"]["within"] == 2 and v["mean_ttft_s"]["max_abs"] == pytest.approx(0.16)
     assert v["ranking"]["pairs"] == 2 and v["ranking"]["resolved"] == 1 and v["ranking"]["same_sign"] == 1
     assert "mean E2E within 15% in 3 of 4 router-loads" in lines[0] and "resolved 1 of 2" in lines[0]
+    # Pooled per load: a's +20% at 0.5 req/s is +9.6% over every replay of that load (1.65 / 1.505);
+    # the TTFT's -16% at 1.0 req/s is both routers', so the load misses too.
+    pooled = v["per_load"]
+    assert pooled["loads"] == 2
+    assert pooled["mean_e2e_s"]["within"] == 2 and pooled["mean_e2e_s"]["errors"]["0.5"] == pytest.approx(1.65 / 1.505 - 1)
+    assert pooled["mean_e2e_s"]["errors"]["1.0"] == pytest.approx(0.0, abs=1e-12)
+    assert pooled["mean_ttft_s"]["within"] == 1 and pooled["mean_ttft_s"]["errors"]["1.0"] == pytest.approx(-0.16)
+    assert any("mean E2E within 15% at 2 of 2 loads (0.5 req/s +9.6%, 1.0 req/s +0.0%)" in line for line in lines)
 
 
 def test_the_served_paths_delay_is_every_simulated_engines_delay():
@@ -656,15 +664,15 @@ first command again that evening, its readings the mean of the checks around eac
 its profile, beside a one-core busy loop, ``--repeats 2``."""
 
 
-@pytest.mark.parametrize("run, loads, ranking, e2e, ttft", [
-    ("llamacpp_replays_20261206", 12, (18, 3), (11, 0.0936, 0.1679), (6, 0.1456, 0.2829)),
-    ("llamacpp_replays_20261206_busy", 12, (18, 3), (12, 0.0523, 0.1458), (11, 0.0914, 0.1740)),
-    ("llamacpp_replays_20261207", 12, (18, 5), (12, 0.0415, 0.1425), (12, 0.0493, 0.1472)),
-    ("llamacpp_replays_20261207_b", 8, (12, 1), (6, 0.1198, 0.2338), (5, 0.0867, 0.4426)),
-    ("llamacpp_replays_20261207_c", 12, (18, 5), (10, 0.0685, 0.1581), (11, 0.0427, 0.2620)),
-    ("llamacpp_replays_20261207_busy", 12, (18, 2), (11, 0.0636, 0.1647), (10, 0.0794, 0.2878)),
+@pytest.mark.parametrize("run, loads, ranking, e2e, ttft, pooled", [
+    ("llamacpp_replays_20261206", 12, (18, 3), (11, 0.0936, 0.1679), (6, 0.1456, 0.2829), (3, 2)),
+    ("llamacpp_replays_20261206_busy", 12, (18, 3), (12, 0.0523, 0.1458), (11, 0.0914, 0.1740), (3, 3)),
+    ("llamacpp_replays_20261207", 12, (18, 5), (12, 0.0415, 0.1425), (12, 0.0493, 0.1472), (3, 3)),
+    ("llamacpp_replays_20261207_b", 8, (12, 1), (6, 0.1198, 0.2338), (5, 0.0867, 0.4426), (2, 2)),
+    ("llamacpp_replays_20261207_c", 12, (18, 5), (10, 0.0685, 0.1581), (11, 0.0427, 0.2620), (3, 3)),
+    ("llamacpp_replays_20261207_busy", 12, (18, 2), (11, 0.0636, 0.1647), (10, 0.0794, 0.2878), (3, 2)),
 ])
-def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, loads, ranking, e2e, ttft):
+def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, loads, ranking, e2e, ttft, pooled):
     """The simulator judged against 36 real replays, without servers: per router and load the
     simulated / served ratio of the mean E2E and mean TTFT over 3 paired repeats (within 15% in
     how many of 12; median and max |error|), and the routers' ranking where the served runs
@@ -691,6 +699,8 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         got = v[key]
         assert got["within"] == within, (key, got)
         assert (got["median_abs"], got["max_abs"]) == pytest.approx((median, worst), abs=0.002), (key, got)
+    # Every router's replays of a load pooled (``per_load``): loads within 15% on E2E and TTFT.
+    assert (v["per_load"]["mean_e2e_s"]["within"], v["per_load"]["mean_ttft_s"]["within"]) == pooled
     # The served side is the stored one, untouched; the simulated side is this package's.
     stored = json.loads((REPLAYS / run / "summary.json").read_text())
     assert report["repeats"]["1.5"][1]["random"]["mean_e2e_s"] == stored["repeats"]["1.5"][1]["random"]["mean_e2e_s"]
