@@ -29,7 +29,9 @@ unscaled. The table per load: mean / p50 / p99 E2E and
 TTFT served and simulated, the simulated / served ratio of the means, and whether the routers'
 order by mean E2E (and by mean TTFT) is the same; with ``--repeats`` > 1, every router pair's
 paired difference with its 95% CI and whether the simulator's sign agrees where the served one
-is resolved (``paired_table``). Writes ``results.csv`` (every request of every
+is resolved (``paired_table``). The verdict against the issue's targets counts the router-loads
+within 15% (means over the repeats) and, beside it, the loads within 15% with every router's
+replays of a load pooled (``per_load``). Writes ``results.csv`` (every request of every
 replay), ``summary.md`` and ``summary.json`` in ``--out``, with the command, each replay's
 slowdown and the load average of the machine before and after it.
 """
