@@ -30,8 +30,8 @@ so every prompt token is computed and every request decodes exactly its tokens):
   outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the
   ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``);
 - waking from idleness: a lone streamed 4-token request after the server (and this client) sat
-  idle for :data:`WAKE_IDLE_S` seconds, interleaved, its TTFT less the back-to-back one (median
-  per idle time, kept where its 95% CI lies above 0, :func:`wake_extra_s`): the frontend's
+  idle for :data:`WAKE_IDLE_S` seconds, interleaved, its TTFT less the same round's back-to-back
+  one (median per idle time, kept where its 95% CI lies above 0, :func:`wake_extra_s`): the frontend's
   ``wake_s`` points. Why: every point above is timed back to
   back, while a request of a light load finds the server idle for seconds, and on this VM such a
   request's first token came 7-24 ms later than the profile said (more the longer the idleness;
@@ -250,9 +250,9 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
 
 async def _wake_points(client, url: str, model: str, repeats: int, log: Callable[[str], None]) -> list[Measured]:
     """A lone streamed request's TTFT (:data:`WAKE_PROMPT` tokens) after each of
-    :data:`WAKE_IDLE_S` of idleness, less its TTFT back to back (medians over ``repeats`` rounds,
-    at least 5, the idle times interleaved in each round so that a drift of the machine's speed
-    hits each alike): ``wake`` points (``_llamacpp_profile.wake_points``). The whole TTFT, not
+    :data:`WAKE_IDLE_S` of idleness, less the same round's TTFT back to back (the median over
+    ``repeats`` rounds, at least :data:`WAKE_ROUNDS`, the idle times interleaved in each round so
+    that a drift of the machine's speed hits each alike): ``wake`` points (``_llamacpp_profile.wake_points``). The whole TTFT, not
     the part beyond the server's prompt time: a server woken from idleness may also compute its
     first iteration slower (cold caches), and that is part of what a request after idleness pays."""
     async def ttft() -> float:
@@ -262,7 +262,7 @@ async def _wake_points(client, url: str, model: str, repeats: int, log: Callable
 
     gaps = (0.0,) + WAKE_IDLE_S
     got: dict[float, list[float]] = {g: [] for g in gaps}
-    for _ in range(max(repeats, 5)):
+    for _ in range(max(repeats, WAKE_ROUNDS)):
         for g in gaps:
             if g:
                 await asyncio.sleep(g)
@@ -284,26 +284,39 @@ async def _wake_points(client, url: str, model: str, repeats: int, log: Callable
 
 
 WAKE_BOOTSTRAP = 2000
+WAKE_ROUNDS = 8
+"""Rounds of the wake-up points at least (each: a back-to-back request, then one after each idle
+time; about 15 s). Why 8 (5 until 2026-12-07): a bootstrap CI of a median of 5 paired
+differences cannot exclude 0 unless all five agree."""
 
 
 def wake_extra_s(after: Sequence[float], back_to_back: Sequence[float]) -> tuple[float, float, float]:
-    """The median TTFT after idleness less the median back to back, with a 95% bootstrap CI
-    (:data:`WAKE_BOOTSTRAP` resamples of each side, a fixed seed: the same profile gives the same
-    rows). The profile keeps a wake point only where the CI lies above 0 (a wake-up that costs
-    time), else 0. Why: a median of 5 short requests still moves by several ms on this VM (the
-    profile of 2026-12-07 read +23.5, +3.5, +21.8, +4.7 ms after 0.2, 1, 3 and 10 s; the
-    server's own prompt times after 1-3 s idle, 12 rounds, no slower than back to back), and a
-    point taken from noise puts that noise into every simulated request of a light load: in
-    that day's sim_to_real run it added ~10 ms to each idle request's TTFT and hid a prompt
-    time simulated 13% short (docs/serving.md)."""
+    """The median over rounds of (TTFT after idleness - the same round's TTFT back to back), with
+    a 95% bootstrap CI (:data:`WAKE_BOOTSTRAP` resamples of the rounds, a fixed seed: the same
+    profile gives the same rows). ``after[i]`` and ``back_to_back[i]`` come from round ``i``. The
+    profile keeps a wake point only where the CI lies above 0 (a wake-up that costs time), else 0.
+
+    Why paired (two independent medians until 2026-12-07): this VM's speed drifts by more than
+    the effect between rounds (a 4-token request's TTFT read 54.5 ms in one profile and 25 ms on
+    a quieter hour of the same day), and each round's own back-to-back request takes that drift
+    out. Unpaired, the CIs spanned +-20-30 ms and no wake point resolved in the profiles of
+    2026-12-07; paired, the server's own prompt time of a 4-token request after 1.5 s idle read
+    +5.3 ms (8 rounds, each +2..+8 ms) on a quiet hour. Why a CI at all: a point taken from noise
+    puts that noise into every simulated request of a light load (a median of 5 read +23.5, +3.5,
+    +21.8, +4.7 ms after 0.2, 1, 3 and 10 s in one profile, and in that day's sim_to_real run
+    added ~10 ms to each idle request's TTFT and hid a prompt time simulated 13% short;
+    docs/serving.md)."""
     a, b = np.asarray(after, np.float64), np.asarray(back_to_back, np.float64)
     if len(a) == 0 or len(b) == 0:
         raise ValueError("wake_extra_s: no requests timed")
+    if len(a) != len(b):
+        raise ValueError(f"wake_extra_s: {len(a)} requests after idleness and {len(b)} back to back; "
+                         "they pair by round, so the counts must be equal")
+    d = a - b
     rng = np.random.default_rng(0)
-    boot = (np.median(a[rng.integers(0, len(a), (WAKE_BOOTSTRAP, len(a)))], axis=1)
-            - np.median(b[rng.integers(0, len(b), (WAKE_BOOTSTRAP, len(b)))], axis=1))
+    boot = np.median(d[rng.integers(0, len(d), (WAKE_BOOTSTRAP, len(d)))], axis=1)
     lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(np.median(a) - np.median(b)), float(lo), float(hi)
+    return float(np.median(d)), float(lo), float(hi)
 
 
 def _median_net(runs: Sequence[tuple[float, float]]) -> tuple[float, float]:

@@ -606,19 +606,27 @@ def test_simulate_contention_runs_both_models_from_a_replays_readings():
 
 
 def test_a_wake_point_is_kept_only_where_its_ci_excludes_no_cost():
-    """``wake_extra_s``: the median after idleness less the median back to back with a seeded
-    bootstrap CI; a shift far beyond the spread is resolved, the same spread with no shift is not
-    (the profile then writes 0), and the same samples give the same CI."""
+    """``wake_extra_s``: the median over rounds of (after idleness - the same round's back to
+    back) with a seeded bootstrap CI; a shift far smaller than the drift between rounds is
+    resolved once paired, the same drift with no shift is not (the profile then writes 0), the
+    same samples give the same CI, and unpaired counts are refused."""
     from llm_lb_gym.experiments.calibrate_llamacpp import wake_extra_s
 
-    b2b = [0.040, 0.043, 0.038, 0.045, 0.041]
-    diff, lo, hi = wake_extra_s([x + 0.012 for x in b2b], b2b)
-    assert diff == pytest.approx(0.012) and 0 < lo <= diff <= hi
-    diff, lo, hi = wake_extra_s([0.036, 0.052, 0.041, 0.039, 0.047], b2b)   # noise: a median 1 ms up
+    drift = [0.025, 0.055, 0.031, 0.048, 0.027, 0.052, 0.036, 0.044]   # the machine's speed, per round
+    b2b = [d + e for d, e in zip(drift, [0.0, 0.001, -0.001, 0.0, 0.001, -0.001, 0.0, 0.0])]
+    after = [d + 0.005 + e for d, e in zip(drift, [0.001, 0.0, 0.002, -0.001, 0.0, 0.001, -0.002, 0.0])]
+    diff, lo, hi = wake_extra_s(after, b2b)
+    assert diff == pytest.approx(0.0045) and 0 < lo <= diff <= hi
+    # Unpaired, the drift (30 ms) would hide it: the same TTFTs against another order of rounds.
+    assert wake_extra_s(after, b2b[::-1])[1] < 0
+    noise = [d + e for d, e in zip(drift, [0.002, -0.003, 0.001, -0.001, 0.003, -0.002, 0.0, 0.001])]
+    diff, lo, hi = wake_extra_s(noise, b2b)   # no shift: the rounds' differences straddle 0
     assert lo <= 0 <= hi
-    assert wake_extra_s([0.036, 0.052, 0.041, 0.039, 0.047], b2b) == (diff, lo, hi)
+    assert wake_extra_s(noise, b2b) == (diff, lo, hi)
     with pytest.raises(ValueError, match="no requests"):
         wake_extra_s([], b2b)
+    with pytest.raises(ValueError, match="pair by round"):
+        wake_extra_s(after[:5], b2b)
 
 
 def test_wake_points_come_from_the_profiles_wake_rows(tmp_path):
