@@ -629,6 +629,44 @@ def test_a_wake_point_is_kept_only_where_its_ci_excludes_no_cost():
         wake_extra_s(after[:5], b2b)
 
 
+def test_wake_points_pool_idle_times_into_a_non_decreasing_curve():
+    """``wake_curve_s``: idle times whose medians fall are pooled with the shorter one before
+    them (one block, its median over all its differences), the kept costs start at 0 and never
+    fall with longer idleness, and each block's round-bootstrap CI is reported. The pattern of the
+    profile of ``llamacpp_replays_20261207_e``: a small cost resolved after 0.2 s, then three idle
+    times whose medians fall and that each straddle 0 (each alone was kept as 0 before
+    2026-12-07)."""
+    from llm_lb_gym.experiments.calibrate_llamacpp import wake_curve_s, wake_extra_s
+
+    drift = [0.025, 0.055, 0.031, 0.048, 0.027, 0.052, 0.036, 0.044]   # the machine's speed, per round
+    b2b = list(drift)
+    small = [0.003, 0.002, 0.003, 0.001, 0.003, 0.002, 0.003, 0.002]
+    noisy = {1.0: [0.020, -0.004, 0.012, -0.006, -0.003, 0.011, 0.009, 0.014],
+             3.0: [-0.004, 0.016, -0.002, -0.003, 0.008, 0.015, 0.006, 0.005],
+             10.0: [0.006, -0.003, 0.005, -0.004, -0.002, 0.007, 0.009, 0.003]}
+    after = {0.2: [d + e for d, e in zip(drift, small)]}
+    after |= {g: [d + e for d, e in zip(drift, v)] for g, v in noisy.items()}
+    assert wake_extra_s(after[0.2], b2b)[1] > 0
+    assert all(wake_extra_s(after[g], b2b)[1] < 0 for g in noisy)   # alone, none resolves
+    curve = wake_curve_s(after, b2b)
+    kept = [k for k, _ in curve]
+    pooled = float(np.median(np.concatenate([noisy[g] for g in noisy])))
+    assert kept == pytest.approx([0.0025, pooled, pooled, pooled]) and pooled == pytest.approx(0.0055)
+    med, lo, hi = curve[1][1]
+    assert curve[1][1] == curve[2][1] == curve[3][1] and lo < 0 < med < hi   # one block; its CI reported
+    assert curve[0][1][1] > 0
+    assert wake_curve_s(after, b2b) == curve   # seeded: the same rounds, the same rows
+    # No cost: the medians straddle 0 and read within the noise; a negative one keeps 0.
+    noise = [0.002, -0.003, 0.001, -0.001, 0.003, -0.002, 0.0, 0.001]
+    flat = {0.2: [d + e for d, e in zip(drift, noise)], 1.0: [d - e - 0.001 for d, e in zip(drift, noise)]}
+    assert [k for k, _ in wake_curve_s(flat, b2b)] == pytest.approx([0.0, 0.0])
+    # A longer idleness that reads less than a shorter one is pooled with it, never kept lower.
+    fall = {0.2: [d + 0.008 for d in drift], 1.0: [d + 0.004 for d in drift]}
+    assert [k for k, _ in wake_curve_s(fall, b2b)] == pytest.approx([0.006, 0.006])
+    with pytest.raises(ValueError, match="pair by round"):
+        wake_curve_s({0.2: after[0.2][:5]}, b2b)
+
+
 def test_wake_points_come_from_the_profiles_wake_rows(tmp_path):
     """``calibrate_llamacpp profile`` writes a lone request's TTFT after idleness less its TTFT
     back to back as ``wake`` rows; they become the frontend's ``wake_s`` (back to back = 0 first),
