@@ -314,11 +314,17 @@ those whose CI lay above 0 until 2026-12-07 (why no longer: there).
     if len(a) != len(b):
         raise ValueError(f"wake_extra_s: {len(a)} requests after idleness and {len(b)} back to back; "
                          "they pair by round, so the counts must be equal")
-    d = a - b
+    return _median_ci((a - b)[:, None])
+
+
+def _median_ci(m: np.ndarray) -> tuple[float, float, float]:
+    """The median of ``m`` (rounds x idle times) and its 95% CI over :data:`WAKE_BOOTSTRAP`
+    resamples of the rounds (a round's idle times together: they share its back-to-back
+    reference), from a fixed seed: the same rounds give the same rows."""
     rng = np.random.default_rng(0)
-    boot = np.median(d[rng.integers(0, len(d), (WAKE_BOOTSTRAP, len(d)))], axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(np.median(d)), float(lo), float(hi)
+    idx = rng.integers(0, len(m), (WAKE_BOOTSTRAP, len(m)))
+    lo, hi = np.percentile(np.median(m[idx].reshape(WAKE_BOOTSTRAP, -1), axis=1), [2.5, 97.5])
+    return float(np.median(m)), float(lo), float(hi)
 
 
 def wake_curve_s(after: dict[float, Sequence[float]], back_to_back: Sequence[float]
@@ -352,17 +358,12 @@ def wake_curve_s(after: dict[float, Sequence[float]], back_to_back: Sequence[flo
         while len(blocks) > 1 and (np.median(np.concatenate([diffs[x] for x in blocks[-2]]))
                                    > np.median(np.concatenate([diffs[x] for x in blocks[-1]]))):
             blocks[-2:] = [blocks[-2] + blocks[-1]]
-    rng = np.random.default_rng(0)
     out: list[tuple[float, tuple[float, float, float]]] = []
     floor = 0.0
     for block in blocks:
-        m = np.stack([diffs[x] for x in block], axis=1)   # rounds x idle times: resample rounds
-        idx = rng.integers(0, len(b), (WAKE_BOOTSTRAP, len(b)))
-        boot = np.median(m[idx].reshape(WAKE_BOOTSTRAP, -1), axis=1)
-        lo, hi = np.percentile(boot, [2.5, 97.5])
-        med = float(np.median(m))
+        med, lo, hi = _median_ci(np.stack([diffs[x] for x in block], axis=1))
         floor = max(floor, med)   # from 0, never falling (the pooling's medians rise; 0 floors them)
-        out += [(floor, (med, float(lo), float(hi)))] * len(block)
+        out += [(floor, (med, lo, hi))] * len(block)
     return out
 
 
