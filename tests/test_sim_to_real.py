@@ -769,21 +769,24 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
     first = stored["run"]["args"]["routers"].split(",")[0]
     assert report["repeats"]["1.5"][1][first]["mean_e2e_s"] == stored["repeats"]["1.5"][1][first]["mean_e2e_s"]
     assert (tmp_path / "profile.csv").read_bytes() == (REPLAYS / run / "profile.csv").read_bytes()
+    def idle_row() -> str:
+        """summary.md's row of round_robin's requests that found the cluster idle (TTFT split)."""
+        text = (tmp_path / "summary.md").read_text()
+        return next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
+
     if run.endswith("1207"):
         # Measured the served path (its delay simulated) and kept every request with the server's
         # own prompt time: TTFT split by arrival state into prompt time and the rest. What the
         # split says (docs/serving.md): the target is met by compensating errors, the prompt
         # time simulated short and the rest (the profile's wake-up points) long.
         assert report["run"]["served_path"]["router_s"] == pytest.approx(0.00389, abs=5e-5)
-        text = (tmp_path / "summary.md").read_text()
-        idle = next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
+        idle = idle_row()
         assert idle == "| round_robin | cluster idle | 267 | 0.151 | 0.148 | -1.8% | 0.145 | 0.131 | -9.2% | 6.3 | 16.8 |"
     if run.endswith("1207_c"):
         # Read by the mean of the checks around each replay, the servers' prompt time for requests
         # that found the cluster idle is simulated within 3% (it was 9-16% short when the lesser
         # of each pair read the noisy VM fast), and no wake-up point pads the rest.
-        text = (tmp_path / "summary.md").read_text()
-        idle = next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
+        idle = idle_row()
         assert idle == "| round_robin | cluster idle | 253 | 0.155 | 0.150 | -3.2% | 0.148 | 0.146 | -1.6% | 6.6 | 3.9 |"
         # The checks, read by their mean, track the replays (slope 0.35 for the first run of the day)
         assert report["correction"]["slope"] == pytest.approx(0.66, abs=0.01)
@@ -793,8 +796,7 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         # servers 11-23% longer than the start-of-run profile says at every prompt length, a
         # slowdown the checks between replays did not see (regressed on them, served / simulated
         # is x1.16 where they read the profile's speed); decode held (E2E 12 of 12).
-        text = (tmp_path / "summary.md").read_text()
-        idle = next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
+        idle = idle_row()
         assert idle == "| round_robin | cluster idle | 351 | 0.164 | 0.130 | -20.6% | 0.158 | 0.127 | -19.7% | 6.5 | 3.8 |"
         assert report["correction"]["intercept"] == pytest.approx(1.163, abs=0.005)
         assert report["correction"]["uncorrected"] == pytest.approx(1.136, abs=0.005)
@@ -802,15 +804,13 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         # The checks track the replays' speed this time (slope ~1), yet requests that found the
         # cluster idle took the servers ~11% longer on their prompts than the profile says at
         # the checks' speed: an offset between the profile's conditions and the replays'.
-        text = (tmp_path / "summary.md").read_text()
-        idle = next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
+        idle = idle_row()
         assert idle == "| round_robin | cluster idle | 463 | 0.116 | 0.102 | -12.1% | 0.110 | 0.098 | -11.1% | 5.4 | 3.6 |"
         assert report["correction"]["slope"] == pytest.approx(1.18, abs=0.01)
         assert report["correction"]["intercept"] == pytest.approx(1.144, abs=0.005)
     if run.endswith("1207_f"):
         # The profile's wake-up curve read 0-1.7 ms and the idle requests' prompt time is still
         # ~10% short: not a wake-up cost the profile sees, but the servers' tail (docs/serving.md).
-        text = (tmp_path / "summary.md").read_text()
-        idle = next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
+        idle = idle_row()
         assert idle == "| round_robin | cluster idle | 475 | 0.117 | 0.103 | -11.8% | 0.111 | 0.099 | -10.8% | 5.5 | 3.7 |"
         assert report["correction"]["intercept"] == pytest.approx(1.094, abs=0.005)
