@@ -749,7 +749,8 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
     every router-load (4-15%), the same prompt-time gap as the fourth's, smaller. The sixth (seed
     3, its wake-up points a curve that read 0-1.7 ms): E2E 9 of 9, TTFT 8 of 9 (one noisy
     round_robin load -17.5%), 3 of 9 pairs resolved, 3 of 3 agree; the idle requests' prompt time
-    still ~10% short, mostly its tail (the excess's median 2.8 ms, its mean 10.4 ms)."""
+    still ~10% short: a per-request cost after idleness (the excess's median 2.8 ms) and the
+    servers' tail (its mean 10.4 ms)."""
     import json
 
     from llm_lb_gym.experiments import sim_to_real
@@ -810,7 +811,8 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         assert report["correction"]["intercept"] == pytest.approx(1.144, abs=0.005)
     if run.endswith("1207_f"):
         # The profile's wake-up curve read 0-1.7 ms and the idle requests' prompt time is still
-        # ~10% short: not a wake-up cost the profile sees, but the servers' tail (docs/serving.md).
+        # ~10% short: a per-request cost its wake-up probe read only partly, and the servers' tail
+        # (docs/serving.md).
         idle = idle_row()
         assert idle == "| round_robin | cluster idle | 475 | 0.117 | 0.103 | -11.8% | 0.111 | 0.099 | -10.8% | 5.5 | 3.7 |"
         assert report["correction"]["intercept"] == pytest.approx(1.094, abs=0.005)
