@@ -346,7 +346,10 @@ def wake_curve_s(after: dict[float, Sequence[float]], back_to_back: Sequence[flo
     more, and every router-load's mean TTFT was simulated 4-15% short (with ~7.4 ms kept after 1-10
     s, re-judged: 7-9% short; docs/serving.md). The errors are not symmetric: a paired median of
     8 rounds with no cost reads within ~2 ms of 0, a few % of a light load's TTFT, while zeroing a
-    real 7 ms cost leaves every idle request short by it."""
+    real 7 ms cost leaves every idle request short by it. What it does not mend: the next held-out
+    run (``llamacpp_replays_20261207_f``) read 0-1.7 ms here while its paced requests after
+    idleness still paid ~2.5 ms (median) more prompt time than simulated; a lone probe request
+    is not quite a replay's."""
     gaps = sorted(after)
     b = np.asarray(back_to_back, np.float64)
     for g in gaps:
