@@ -295,16 +295,16 @@ def wake_extra_s(after: Sequence[float], back_to_back: Sequence[float]) -> tuple
     """The median over rounds of (TTFT after idleness - the same round's TTFT back to back), with
     a 95% bootstrap CI (:data:`WAKE_BOOTSTRAP` resamples of the rounds, a fixed seed: the same
     profile gives the same rows). ``after[i]`` and ``back_to_back[i]`` come from round ``i``. The
-    profile keeps them made non-decreasing in the idle time (:func:`wake_curve_s`); it kept only
-those whose CI lay above 0 until 2026-12-07 (why no longer: there).
+    profile keeps them made non-decreasing in the idle time (:func:`wake_curve_s`); until
+    2026-12-07 it kept only those whose CI lay above 0 (why no longer: there).
 
     Why paired (two independent medians until 2026-12-07): this VM's speed drifts by more than
     the effect between rounds (a 4-token request's TTFT read 54.5 ms in one profile and 25 ms on
     a quieter hour of the same day), and each round's own back-to-back request takes that drift
     out. Unpaired, the CIs spanned +-20-30 ms and no wake point resolved in the profiles of
     2026-12-07; paired, the server's own prompt time of a 4-token request after 1.5 s idle read
-    +5.3 ms (8 rounds, each +2..+8 ms) on a quiet hour. Why a CI at all: a point taken from noise
-    puts that noise into every simulated request of a light load (a median of 5 read +23.5, +3.5,
+    +5.3 ms (8 rounds, each +2..+8 ms) on a quiet hour. Why the CI is printed: a point taken from
+    noise puts that noise into every simulated request of a light load (a median of 5 read +23.5, +3.5,
     +21.8, +4.7 ms after 0.2, 1, 3 and 10 s in one profile, and in that day's sim_to_real run
     added ~10 ms to each idle request's TTFT and hid a prompt time simulated 13% short;
     docs/serving.md)."""
@@ -343,8 +343,8 @@ def wake_curve_s(after: dict[float, Sequence[float]], back_to_back: Sequence[flo
     [-2.5, +11.8], +7.1 [-3.0, +14.9] and +4.6 [-2.8, +6.3] ms after 1, 3 and 10 s and kept 0 for
     the three; the replays' requests that found the cluster idle then took the servers a median
     4 ms longer than simulated after up to 0.2 s idle, 6 ms after 0.5-2 s and 9 ms after 2 s or
-    more, and every router-load's mean TTFT was simulated 4-15% short (with ~7.4 ms kept after 1-10
-    s, re-judged: 7-9% short; docs/serving.md). The errors are not symmetric: a paired median of
+    more, and every router-load's mean TTFT was simulated 4-15% short (re-judged post hoc with
+    ~7.4 ms kept after 1-10 s: median 7.1%, max 9.4% short; docs/serving.md). The errors are not symmetric: a paired median of
     8 rounds with no cost reads within ~2 ms of 0, a few % of a light load's TTFT, while zeroing a
     real 7 ms cost leaves every idle request short by it. What it does not mend: the next held-out
     run (``llamacpp_replays_20261207_f``) read 0-1.7 ms here while its paced requests after
