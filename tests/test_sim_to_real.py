@@ -605,10 +605,10 @@ def test_simulate_contention_runs_both_models_from_a_replays_readings():
     assert episode_metrics(slow["uniform"].table)["mean_e2e_s"] > 1.05 * alone
 
 
-def test_a_wake_point_is_kept_only_where_its_ci_excludes_no_cost():
+def test_a_wake_point_is_the_paired_median_with_a_round_bootstrap_ci():
     """``wake_extra_s``: the median over rounds of (after idleness - the same round's back to
     back) with a seeded bootstrap CI; a shift far smaller than the drift between rounds is
-    resolved once paired, the same drift with no shift is not (the profile then writes 0), the
+    resolved once paired, the same drift with no shift is not (its CI straddles 0), the
     same samples give the same CI, and unpaired counts are refused."""
     from llm_lb_gym.experiments.calibrate_llamacpp import wake_extra_s
 
