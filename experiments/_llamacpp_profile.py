@@ -35,9 +35,10 @@ of waits (``wall_s x run_share``) put on the profile's footing: with checks, at 
 speed of the profile (:func:`check_footing_s`: the cores' factor and the memory system's cost per
 iteration both removed); without, ``x min(probe_s) / probe_s``, on a quiet core of its own.
 Phase ``frontend`` rows hold a lone request's streamed TTFT beyond the server's prompt time;
-phase ``wake`` rows (label ``wake idle <seconds> s``) its TTFT after that long idle less its TTFT
-back to back (since 2026-12-07 0 where that difference is not resolved from the noise,
-``calibrate_llamacpp.wake_extra_s``; earlier profiles hold the raw difference)."""
+phase ``wake`` rows (label ``wake idle <seconds> s``) a lone request's TTFT after that long idle
+less its TTFT back to back, kept non-decreasing in the idle time (``calibrate_llamacpp.
+wake_curve_s``; the mean over pairs of several prompt lengths since the evening of 2026-12-07,
+the median of one length's rounds before, the raw difference in the earliest profiles)."""
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ so every prompt token is computed and every request decodes exactly its tokens):
   the server's own ``timings.prompt_ms`` for that same request (its final event): llama-server's per-request work
   outside its batches (HTTP, tokenization, the hand-off to its loop, the first SSE write), the
   ``delay_s`` of the ``llamacpp-server`` frontend (``sim/frontend.py``);
-- waking from idleness: a lone streamed 4-token request after the server (and this client) sat
-  idle for :data:`WAKE_IDLE_S` seconds, interleaved, its TTFT less the same round's back-to-back
-  one (median per idle time, :func:`wake_extra_s`; made non-decreasing in the idle time from 0 by
-  pooling adjacent idle times, :func:`wake_curve_s`): the frontend's
-  ``wake_s`` points. Why: every point above is timed back to
+- waking from idleness: lone streamed requests of :data:`WAKE_PROMPTS` tokens after the server
+  (and this client) sat idle for :data:`WAKE_IDLE_S` seconds, interleaved, each one's TTFT less
+  that of the same length just before it, back to back (the mean per idle time,
+  :func:`wake_extra_s`; made non-decreasing in the idle time from 0 by pooling adjacent idle
+  times, :func:`wake_curve_s`): the frontend's ``wake_s`` points. Why: every point above is timed back to
   back, while a request of a light load finds the server idle for seconds, and on this VM such a
   request's first token came 7-24 ms later than the profile said (more the longer the idleness;
   docs/serving.md).
@@ -88,15 +88,20 @@ REPEATS = 3
 """Each point is measured this often and the median kept (other processes share the cores)."""
 FRONTEND_PROMPT = 16
 FRONTEND_REPEATS = 8
-WAKE_IDLE_S = (0.2, 1.0, 3.0, 10.0)
-"""Idle times before the wake-up points (the back-to-back request is their reference)."""
-WAKE_PROMPT = 4
-"""Prompt tokens of the wake-up points' requests. Why this short (16 until 2026-12-07): a prompt's
-computation varies by up to a fifth from one request to the next on this VM, so a 16-token
-prompt (~110 ms) put +-10 ms of noise into a median of 5, as large as the effect measured (the
-profile of 2026-12-07 read +23.5, +3.5, +21.8 and +4.7 ms after 0.2, 1, 3 and 10 s); a 4-token
-one (~30 ms) a quarter of it, and a wake-up's cost (threads, caches: per iteration, not per
-token) is the same."""
+WAKE_IDLE_S = (0.2, 1.0, 3.0)
+"""Idle times before the wake-up points (the back-to-back request is their reference); the
+simulator keeps the last one's cost for longer idleness. Why no 10 s (until 2026-12-07): at the
+loads compared here a server is idle for 0.5-4 s between requests, and the 10 s point cost 10 s of
+every round."""
+WAKE_PROMPTS = (4, 8, 16, 32, 64)
+"""Prompt tokens of the wake-up pairs (each idle time at each). Why several (one 4-token prompt
+until 2026-12-07, chosen as the least noisy): the cost grows with the prompt, which a wake-up's
+per-iteration cost alone would not do (the vCPU runs slow for a while after idleness): a paired
+probe on a quiet hour read a mean +4.7 ms after 1.5 s idle for 4 tokens and +19.0 ms for 32, and
+the held-out replays' idle requests paid a mean 6-8 ms more than simulated at 1-8 tokens and
+13-20 ms at 17-64 (runs ``_e``, ``_f``; docs/serving.md). These lengths span the compared
+workload's prompts (p10 3, median 7-8, p90 42 tokens); the mean over them is what the simulator
+adds to each request that finds its server idle."""
 
 
 def prompt_text(tokens: int) -> str:
@@ -250,123 +255,122 @@ async def profile(url: str, pid: int, model: str = "smollm2", log: Callable[[str
 
 
 async def _wake_points(client, url: str, model: str, repeats: int, log: Callable[[str], None]) -> list[Measured]:
-    """A lone streamed request's TTFT (:data:`WAKE_PROMPT` tokens) after each of
-    :data:`WAKE_IDLE_S` of idleness, less the same round's TTFT back to back (the median over
-    ``repeats`` rounds, at least :data:`WAKE_ROUNDS`, the idle times interleaved in each round so
-    that a drift of the machine's speed hits each alike): ``wake`` points (``_llamacpp_profile.wake_points``). The whole TTFT, not
-    the part beyond the server's prompt time: a server woken from idleness may also compute its
-    first iteration slower (cold caches), and that is part of what a request after idleness pays."""
-    async def ttft() -> float:
+    """Pairs of lone streamed requests, one back to back (right after the previous pair's last
+    request), the next after :data:`WAKE_IDLE_S` of idleness, of one of :data:`WAKE_PROMPTS`
+    prompt lengths each, every (idle time, length) :data:`WAKE_ROUNDS` times (at least
+    ``repeats``) in an interleaved order, so that a drift of the machine's speed hits each alike:
+    per idle time the mean over its pairs of (TTFT after idleness - TTFT back to back), made
+    non-decreasing in the idle time (:func:`wake_curve_s`): ``wake`` points
+    (``_llamacpp_profile.wake_points``). The whole TTFT, not the part beyond the server's prompt
+    time: a server woken from idleness computes its first iteration slower (cold caches, a vCPU
+    the hypervisor descheduled), and that is part of what a request after idleness pays."""
+    async def ttft(prompt: int) -> float:
         t0 = time.monotonic()
-        times = await _stream_times(client, url, model, WAKE_PROMPT, 2)
+        times = await _stream_times(client, url, model, prompt, 2)
         return times[0] - t0
 
-    gaps = (0.0,) + WAKE_IDLE_S
-    got: dict[float, list[float]] = {g: [] for g in gaps}
-    for _ in range(max(repeats, WAKE_ROUNDS)):
-        for g in gaps:
-            if g:
+    rounds = max(repeats, WAKE_ROUNDS)
+    after: dict[float, list[float]] = {g: [] for g in WAKE_IDLE_S}
+    back: dict[float, list[float]] = {g: [] for g in WAKE_IDLE_S}
+    await ttft(WAKE_PROMPTS[0])   # the first pair's back-to-back request follows a request too
+    for _ in range(rounds):
+        for prompt in WAKE_PROMPTS:
+            for g in WAKE_IDLE_S:
+                back[g].append(await ttft(prompt))
                 await asyncio.sleep(g)
-            else:
-                await ttft()   # back to back: right after another request
-            got[g].append(await ttft())
-    ref = float(np.median(got[0.0]))
+                after[g].append(await ttft(prompt))
     points, said = [], []
-    curve = wake_curve_s({g: got[g] for g in WAKE_IDLE_S}, got[0.0])
-    for g, (kept, (pooled, lo, hi)) in zip(WAKE_IDLE_S, curve):
-        diff = wake_extra_s(got[g], got[0.0])
-        points.append(Measured(CalibrationPoint("wake", f"wake idle {g:g} s", WAKE_PROMPT, 0, 0, 0, kept, 0.0, 0.0),
-                               kept, 1.0))
+    for g, (kept, (pooled, lo, hi)) in zip(WAKE_IDLE_S, wake_curve_s(after, back)):
+        diff = wake_extra_s(after[g], back[g])
+        points.append(Measured(CalibrationPoint("wake", f"wake idle {g:g} s", 0, 0, 0, 0, kept, 0.0, 0.0), kept, 1.0))
         said.append(f"{diff[0] * 1e3:+.1f} ms [{diff[1] * 1e3:+.1f}, {diff[2] * 1e3:+.1f}] after {g:g} s "
                     f"-> kept {kept * 1e3:+.1f} ms (its pooled block {pooled * 1e3:+.1f} [{lo * 1e3:+.1f}, {hi * 1e3:+.1f}])")
-    log(f"  a lone {WAKE_PROMPT}-token request after idleness: TTFT back to back {ref * 1e3:.1f} ms, then "
-        + ", ".join(said) + " (95% CI)")
+    log(f"  lone requests of {', '.join(map(str, WAKE_PROMPTS))} tokens after idleness ({rounds} rounds), TTFT beyond "
+        "the same length's back to back: " + ", ".join(said) + " (mean, 95% CI)")
     return points
 
 
 WAKE_BOOTSTRAP = 2000
-WAKE_ROUNDS = 8
-"""Rounds of the wake-up points at least (each: a back-to-back request, then one after each idle
-time; about 15 s). Why 8 (5 until 2026-12-07): a bootstrap CI of a median of 5 paired
-differences cannot exclude 0 unless all five agree."""
+WAKE_ROUNDS = 4
+"""Rounds of the wake-up pairs at least (each: every idle time at every prompt length, 15 pairs,
+about 25 s). Why 4 x 15 (8 rounds of one 4-token request per idle time until 2026-12-07): the
+paired differences here spread by +-10 ms (a vCPU that is slow for a while, then fast), so 8 of
+them put the estimate anywhere within ~4 ms, the size of the effect; 20 per idle time halve
+that."""
 
 
 def wake_extra_s(after: Sequence[float], back_to_back: Sequence[float]) -> tuple[float, float, float]:
-    """The median over rounds of (TTFT after idleness - the same round's TTFT back to back), with
-    a 95% bootstrap CI (:data:`WAKE_BOOTSTRAP` resamples of the rounds, a fixed seed: the same
-    profile gives the same rows). ``after[i]`` and ``back_to_back[i]`` come from round ``i``. The
-    profile keeps them made non-decreasing in the idle time (:func:`wake_curve_s`); until
-    2026-12-07 it kept only those whose CI lay above 0 (why no longer: there).
+    """The mean over pairs of (TTFT after idleness - the pair's TTFT back to back), with a 95%
+    bootstrap CI (:data:`WAKE_BOOTSTRAP` resamples of the pairs, a fixed seed: the same profile
+    gives the same rows). ``after[i]`` and ``back_to_back[i]`` come from pair ``i``. The profile
+    keeps them made non-decreasing in the idle time (:func:`wake_curve_s`).
 
     Why paired (two independent medians until 2026-12-07): this VM's speed drifts by more than
     the effect between rounds (a 4-token request's TTFT read 54.5 ms in one profile and 25 ms on
-    a quieter hour of the same day), and each round's own back-to-back request takes that drift
-    out. Unpaired, the CIs spanned +-20-30 ms and no wake point resolved in the profiles of
-    2026-12-07; paired, the server's own prompt time of a 4-token request after 1.5 s idle read
-    +5.3 ms (8 rounds, each +2..+8 ms) on a quiet hour. Why the CI is printed: a point taken from
-    noise puts that noise into every simulated request of a light load (a median of 5 read +23.5, +3.5,
-    +21.8, +4.7 ms after 0.2, 1, 3 and 10 s in one profile, and in that day's sim_to_real run
-    added ~10 ms to each idle request's TTFT and hid a prompt time simulated 13% short;
-    docs/serving.md)."""
+    a quieter hour of the same day), and each pair's own back-to-back request takes that drift
+    out. Why the mean (the median until 2026-12-07): what the simulator is judged on is the mean
+    TTFT, and the cost is skewed: in the held-out runs ``llamacpp_replays_20261207_e`` and ``_f``
+    the requests that found the cluster idle took the servers a median 3-6 ms but a mean 6-20 ms
+    (growing with the prompt) more prompt time than simulated, and a paired probe on a quiet
+    hour read a median +3.5 ms but a mean +4.7 ms for a 4-token prompt after 1.5 s idle, +8.9 and
+    +19.0 ms for a 32-token one (docs/serving.md); the profile's medians (0-2.7 ms) left most of
+    it out. Why the CI is printed: a point taken from noise puts that noise into every simulated
+    request of a light load."""
     a, b = np.asarray(after, np.float64), np.asarray(back_to_back, np.float64)
     if len(a) == 0 or len(b) == 0:
         raise ValueError("wake_extra_s: no requests timed")
     if len(a) != len(b):
         raise ValueError(f"wake_extra_s: {len(a)} requests after idleness and {len(b)} back to back; "
-                         "they pair by round, so the counts must be equal")
-    return _median_ci((a - b)[:, None])
+                         "they pair, so the counts must be equal")
+    return _mean_ci(a - b)
 
 
-def _median_ci(m: np.ndarray) -> tuple[float, float, float]:
-    """The median of ``m`` (rounds x idle times) and its 95% CI over :data:`WAKE_BOOTSTRAP`
-    resamples of the rounds (a round's idle times together: they share its back-to-back
-    reference), from a fixed seed: the same rounds give the same rows."""
+def _mean_ci(d: np.ndarray) -> tuple[float, float, float]:
+    """The mean of the paired differences ``d`` and its 95% CI over :data:`WAKE_BOOTSTRAP`
+    resamples of them, from a fixed seed: the same pairs give the same rows."""
     rng = np.random.default_rng(0)
-    idx = rng.integers(0, len(m), (WAKE_BOOTSTRAP, len(m)))
-    lo, hi = np.percentile(np.median(m[idx].reshape(WAKE_BOOTSTRAP, -1), axis=1), [2.5, 97.5])
-    return float(np.median(m)), float(lo), float(hi)
+    lo, hi = np.percentile(d[rng.integers(0, len(d), (WAKE_BOOTSTRAP, len(d)))].mean(axis=1), [2.5, 97.5])
+    return float(d.mean()), float(lo), float(hi)
 
 
-def wake_curve_s(after: dict[float, Sequence[float]], back_to_back: Sequence[float]
+def wake_curve_s(after: dict[float, Sequence[float]], back_to_back: dict[float, Sequence[float]]
                  ) -> list[tuple[float, tuple[float, float, float]]]:
-    """The wake-up cost kept per idle time (ascending), with the (median, CI low, CI high) of the
-    block it was estimated in: the rounds' paired differences (:func:`wake_extra_s`) made
-    non-decreasing in the idle time, from 0 at no idleness, by pooling adjacent idle times whose
-    medians fall (pool-adjacent-violators on the medians: a block's median is that of all its
-    differences; a negative one keeps 0). The CI (a bootstrap over rounds, every idle time of a
-    round resampled together: they share its back-to-back reference) is reported, not a gate.
+    """The wake-up cost kept per idle time (ascending), with the (mean, CI low, CI high) of the
+    block it was estimated in: each idle time's paired differences (:func:`wake_extra_s`,
+    ``after[g][i]`` against ``back_to_back[g][i]``) made non-decreasing in the idle time, from 0
+    at no idleness, by pooling adjacent idle times whose means fall (pool-adjacent-violators on
+    the means: a block's mean is that of all its differences; a negative one keeps 0). The CI (a
+    bootstrap over the block's pairs) is reported, not a gate.
 
     Why (until 2026-12-07 each idle time was judged alone and kept only where its CI excluded 0):
-    a wake-up's cost rises with the idleness and levels off, and one idle time's 8 rounds rarely
+    a wake-up's cost rises with the idleness and levels off, and one idle time's few pairs rarely
     resolve a few ms on this VM, so the gate zeroed real costs. In the held-out run
     ``llamacpp_replays_20261207_e`` the profile read +2.7 ms [+0.9, +3.1] after 0.2 s, then +10.4
-    [-2.5, +11.8], +7.1 [-3.0, +14.9] and +4.6 [-2.8, +6.3] ms after 1, 3 and 10 s and kept 0 for
-    the three; the replays' requests that found the cluster idle then took the servers a median
-    4 ms longer than simulated after up to 0.2 s idle, 6 ms after 0.5-2 s and 9 ms after 2 s or
-    more, and every router-load's mean TTFT was simulated 4-15% short (re-judged post hoc with
-    ~7.4 ms kept after 1-10 s: median 7.1%, max 9.4% short; docs/serving.md). The errors are not symmetric: a paired median of
-    8 rounds with no cost reads within ~2 ms of 0, a few % of a light load's TTFT, while zeroing a
-    real 7 ms cost leaves every idle request short by it. What it does not mend: the next held-out
-    run (``llamacpp_replays_20261207_f``) read 0-1.7 ms here while its paced requests after
-    idleness still paid ~2.5 ms (median) more prompt time than simulated; a lone probe request
-    is not quite a replay's."""
+    [-2.5, +11.8], +7.1 [-3.0, +14.9] and +4.6 [-2.8, +6.3] ms after 1, 3 and 10 s (medians) and
+    kept 0 for the three; the replays' requests that found the cluster idle then took the servers
+    a median 4 ms longer than simulated after up to 0.2 s idle, 6 ms after 0.5-2 s and 9 ms after
+    2 s or more, and every router-load's mean TTFT was simulated 4-15% short (docs/serving.md).
+    The errors are not symmetric: a paired estimate with no cost reads within the noise of 0,
+    while zeroing a real cost leaves every idle request short by it."""
     gaps = sorted(after)
-    b = np.asarray(back_to_back, np.float64)
+    if set(gaps) != set(back_to_back):
+        raise ValueError(f"wake_curve_s: idle times {gaps} after idleness but {sorted(back_to_back)} back to back")
+    diffs = {}
     for g in gaps:
-        wake_extra_s(after[g], back_to_back)   # the same checks (counts equal, none empty)
-    diffs = {g: np.asarray(after[g], np.float64) - b for g in gaps}
+        wake_extra_s(after[g], back_to_back[g])   # the same checks (counts equal, none empty)
+        diffs[g] = np.asarray(after[g], np.float64) - np.asarray(back_to_back[g], np.float64)
     blocks: list[list[float]] = []   # idle times pooled, in order
     for g in gaps:
         blocks.append([g])
-        while len(blocks) > 1 and (np.median(np.concatenate([diffs[x] for x in blocks[-2]]))
-                                   > np.median(np.concatenate([diffs[x] for x in blocks[-1]]))):
+        while len(blocks) > 1 and (np.concatenate([diffs[x] for x in blocks[-2]]).mean()
+                                   > np.concatenate([diffs[x] for x in blocks[-1]]).mean()):
             blocks[-2:] = [blocks[-2] + blocks[-1]]
     out: list[tuple[float, tuple[float, float, float]]] = []
     floor = 0.0
     for block in blocks:
-        med, lo, hi = _median_ci(np.stack([diffs[x] for x in block], axis=1))
-        floor = max(floor, med)   # from 0, never falling (the pooling's medians rise; 0 floors them)
-        out += [(floor, (med, lo, hi))] * len(block)
+        mean, lo, hi = _mean_ci(np.concatenate([diffs[x] for x in block]))
+        floor = max(floor, mean)   # from 0, never falling (the pooling's means rise; 0 floors them)
+        out += [(floor, (mean, lo, hi))] * len(block)
     return out
 
 

@@ -279,3 +279,29 @@ def test_the_machine_speed_probe_measures_a_real_server(capsys):
     probe_machine_speed.main(["--seconds", "4", "--replay-s", "1"])
     out = capsys.readouterr().out
     assert "checks over" in out and "prompt ms per token p10 / p50 / p90" in out and "autocorrelation" in out
+
+
+def test_the_wake_up_pairs_measure_a_real_server(servers, monkeypatch):
+    """``calibrate_llamacpp._wake_points`` against llama-server (its constants cut down): one row per
+    idle time, labelled as ``wake_points`` reads them, never negative and never falling with
+    longer idleness, each pair's back-to-back request and its idle one of the same length."""
+    import asyncio
+
+    import aiohttp
+
+    from llm_lb_gym.experiments import calibrate_llamacpp as cl
+
+    monkeypatch.setattr(cl, "WAKE_IDLE_S", (0.05, 0.2))
+    monkeypatch.setattr(cl, "WAKE_PROMPTS", (2, 6))
+    monkeypatch.setattr(cl, "WAKE_ROUNDS", 2)
+    lines = []
+
+    async def run():
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as client:
+            return await cl._wake_points(client, servers[0].url, "smollm2", 1, lines.append)
+
+    rows = asyncio.run(run())
+    assert [m.point.label for m in rows] == ["wake idle 0.05 s", "wake idle 0.2 s"]
+    kept = [m.point.gpu_s for m in rows]
+    assert 0 <= kept[0] <= kept[1] < 0.5 and [m.wall_s for m in rows] == kept
+    assert len(lines) == 1 and "lone requests of 2, 6 tokens after idleness (2 rounds)" in lines[0]

@@ -605,66 +605,71 @@ def test_simulate_contention_runs_both_models_from_a_replays_readings():
     assert episode_metrics(slow["uniform"].table)["mean_e2e_s"] > 1.05 * alone
 
 
-def test_a_wake_point_is_the_paired_median_with_a_round_bootstrap_ci():
-    """``wake_extra_s``: the median over rounds of (after idleness - the same round's back to
-    back) with a seeded bootstrap CI; a shift far smaller than the drift between rounds is
-    resolved once paired, the same drift with no shift is not (its CI straddles 0), the
-    same samples give the same CI, and unpaired counts are refused."""
+def test_a_wake_point_is_the_paired_mean_with_a_bootstrap_ci():
+    """``wake_extra_s``: the mean over pairs of (after idleness - the pair's back to back) with a
+    seeded bootstrap CI; a shift far smaller than the drift between pairs is resolved once paired,
+    the same drift with no shift is not (its CI straddles 0), a skewed cost is read at its mean
+    (what the simulator's mean TTFT needs), not its median, the same samples give the same CI, and
+    unpaired counts are refused."""
     from llm_lb_gym.experiments.calibrate_llamacpp import wake_extra_s
 
-    drift = [0.025, 0.055, 0.031, 0.048, 0.027, 0.052, 0.036, 0.044]   # the machine's speed, per round
+    drift = [0.025, 0.055, 0.031, 0.048, 0.027, 0.052, 0.036, 0.044]   # the machine's speed, per pair
     b2b = [d + e for d, e in zip(drift, [0.0, 0.001, -0.001, 0.0, 0.001, -0.001, 0.0, 0.0])]
     after = [d + 0.005 + e for d, e in zip(drift, [0.001, 0.0, 0.002, -0.001, 0.0, 0.001, -0.002, 0.0])]
     diff, lo, hi = wake_extra_s(after, b2b)
-    assert diff == pytest.approx(0.0045) and 0 < lo <= diff <= hi
-    # Unpaired, the drift (30 ms) would hide it: the same TTFTs against another order of rounds.
+    assert diff == pytest.approx(0.005125) and 0 < lo <= diff <= hi
+    # Unpaired, the drift (30 ms) would hide it: the same TTFTs against another order of pairs.
     assert wake_extra_s(after, b2b[::-1])[1] < 0
     noise = [d + e for d, e in zip(drift, [0.002, -0.003, 0.001, -0.001, 0.003, -0.002, 0.0, 0.001])]
-    diff, lo, hi = wake_extra_s(noise, b2b)   # no shift: the rounds' differences straddle 0
+    diff, lo, hi = wake_extra_s(noise, b2b)   # no shift: the pairs' differences straddle 0
     assert lo <= 0 <= hi
     assert wake_extra_s(noise, b2b) == (diff, lo, hi)
+    # A skewed cost (most pairs +3 ms, two +25 ms): the mean, 8.5 ms, where the median reads 3 ms.
+    skew = [d + e for d, e in zip(drift, [0.003, 0.003, 0.025, 0.003, 0.003, 0.025, 0.003, 0.003])]
+    assert wake_extra_s(skew, drift)[0] == pytest.approx(0.0085)
     with pytest.raises(ValueError, match="no requests"):
         wake_extra_s([], b2b)
-    with pytest.raises(ValueError, match="pair by round"):
+    with pytest.raises(ValueError, match="they pair"):
         wake_extra_s(after[:5], b2b)
 
 
 def test_wake_points_pool_idle_times_into_a_non_decreasing_curve():
-    """``wake_curve_s``: idle times whose medians fall are pooled with the shorter one before
-    them (one block, its median over all its differences), the kept costs start at 0 and never
-    fall with longer idleness, and each block's round-bootstrap CI is reported. The pattern of the
-    profile of ``llamacpp_replays_20261207_e``: a small cost resolved after 0.2 s, then three idle
-    times whose medians fall and that each straddle 0 (each alone was kept as 0 before
-    2026-12-07)."""
+    """``wake_curve_s``: idle times whose means fall are pooled with the shorter one before them
+    (one block, its mean over all its differences), the kept costs start at 0 and never fall with
+    longer idleness, and each block's bootstrap CI is reported. The pattern of the profile of
+    ``llamacpp_replays_20261207_e``: a small cost resolved after 0.2 s, then two idle times whose
+    means fall and that each straddle 0 (each alone was kept as 0 before 2026-12-07)."""
     from llm_lb_gym.experiments.calibrate_llamacpp import wake_curve_s, wake_extra_s
 
-    drift = [0.025, 0.055, 0.031, 0.048, 0.027, 0.052, 0.036, 0.044]   # the machine's speed, per round
-    b2b = list(drift)
+    drift = [0.025, 0.055, 0.031, 0.048, 0.027, 0.052, 0.036, 0.044]   # the machine's speed, per pair
     small = [0.003, 0.002, 0.003, 0.001, 0.003, 0.002, 0.003, 0.002]
-    noisy = {1.0: [0.020, -0.004, 0.012, -0.006, -0.003, 0.011, 0.009, 0.014],
-             3.0: [-0.004, 0.016, -0.002, -0.003, 0.008, 0.015, 0.006, 0.005],
-             10.0: [0.006, -0.003, 0.005, -0.004, -0.002, 0.007, 0.009, 0.003]}
+    noisy = {1.0: [0.020, -0.006, 0.012, -0.008, -0.005, 0.011, 0.009, -0.004],
+             3.0: [-0.006, 0.016, -0.004, -0.005, 0.008, 0.013, -0.002, -0.003]}
+    b2b = {g: list(drift) for g in (0.2, 1.0, 3.0)}
     after = {0.2: [d + e for d, e in zip(drift, small)]}
     after |= {g: [d + e for d, e in zip(drift, v)] for g, v in noisy.items()}
-    assert wake_extra_s(after[0.2], b2b)[1] > 0
-    assert all(wake_extra_s(after[g], b2b)[1] < 0 for g in noisy)   # alone, none resolves
+    assert wake_extra_s(after[0.2], b2b[0.2])[1] > 0
+    assert all(wake_extra_s(after[g], b2b[g])[1] < 0 for g in noisy)   # alone, none resolves
+    assert np.mean(noisy[3.0]) < np.mean(noisy[1.0])                   # and the longer reads less
     curve = wake_curve_s(after, b2b)
     kept = [k for k, _ in curve]
-    pooled = float(np.median(np.concatenate([noisy[g] for g in noisy])))
-    assert kept == pytest.approx([0.0025, pooled, pooled, pooled]) and pooled == pytest.approx(0.0055)
-    med, lo, hi = curve[1][1]
-    assert curve[1][1] == curve[2][1] == curve[3][1] and lo < 0 < med < hi   # one block; its CI reported
-    assert curve[0][1] == wake_extra_s(after[0.2], b2b)   # a block of one idle time: its own CI
-    assert wake_curve_s(after, b2b) == curve   # seeded: the same rounds, the same rows
-    # No cost: the medians straddle 0 and read within the noise; a negative one keeps 0.
+    pooled = float(np.mean(np.concatenate([noisy[g] for g in noisy])))
+    assert kept == pytest.approx([0.002375, pooled, pooled]) and pooled == pytest.approx(0.002875)
+    mean, lo, hi = curve[1][1]
+    assert curve[1][1] == curve[2][1] and lo < 0 < mean < hi   # one block; its CI reported
+    assert curve[0][1] == wake_extra_s(after[0.2], b2b[0.2])   # a block of one idle time: its own CI
+    assert wake_curve_s(after, b2b) == curve   # seeded: the same pairs, the same rows
+    # No cost: the means straddle 0 and read within the noise; a negative one keeps 0.
     noise = [0.002, -0.003, 0.001, -0.001, 0.003, -0.002, 0.0, 0.001]
     flat = {0.2: [d + e for d, e in zip(drift, noise)], 1.0: [d - e - 0.001 for d, e in zip(drift, noise)]}
-    assert [k for k, _ in wake_curve_s(flat, b2b)] == pytest.approx([0.0, 0.0])
+    assert [k for k, _ in wake_curve_s(flat, {0.2: drift, 1.0: drift})] == pytest.approx([0.0, 0.0])
     # A longer idleness that reads less than a shorter one is pooled with it, never kept lower.
     fall = {0.2: [d + 0.008 for d in drift], 1.0: [d + 0.004 for d in drift]}
-    assert [k for k, _ in wake_curve_s(fall, b2b)] == pytest.approx([0.006, 0.006])
-    with pytest.raises(ValueError, match="pair by round"):
-        wake_curve_s({0.2: after[0.2][:5]}, b2b)
+    assert [k for k, _ in wake_curve_s(fall, {0.2: drift, 1.0: drift})] == pytest.approx([0.006, 0.006])
+    with pytest.raises(ValueError, match="they pair"):
+        wake_curve_s({0.2: after[0.2][:5]}, {0.2: drift})
+    with pytest.raises(ValueError, match="idle times"):
+        wake_curve_s(after, {0.2: drift})
 
 
 def test_wake_points_come_from_the_profiles_wake_rows(tmp_path):
