@@ -98,7 +98,7 @@ WAKE_PROMPTS = (4, 8, 16, 32, 64)
 until 2026-12-07, chosen as the least noisy): the cost grows with the prompt, which a wake-up's
 per-iteration cost alone would not do (the vCPU runs slow for a while after idleness): a paired
 probe on a quiet hour read a mean +4.7 ms after 1.5 s idle for 4 tokens and +19.0 ms for 32, and
-the held-out replays' idle requests paid a mean 6-8 ms more than simulated at 1-8 tokens and
+the held-out replays' idle requests paid a mean 6-9 ms more than simulated at 1-8 tokens and
 13-20 ms at 17-64 (runs ``_e``, ``_f``; docs/serving.md). These lengths span the compared
 workload's prompts (p10 3, median 7-8, p90 42 tokens); the mean over them is what the simulator
 adds to each request that finds its server idle."""

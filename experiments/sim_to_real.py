@@ -95,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
                     help="the simulated server's frontend (sim/frontend.py; 'none' for none)")
     ap.add_argument("--profile", default=None,
                     help="'here': profile this machine's llama-server first (calibrate_llamacpp profile, about "
-                         "2.5 min, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
+                         "6 min on this VM, written to OUT/profile.csv) and simulate with its fit; a CSV: that profile's fit; "
                          "default: the preset (--preset)")
     ap.add_argument("--contention", choices=CONTENTION, default=None,
                     help="how the simulated servers share the machine: 'shared-host' (sim/shared_host.py: its cores "
