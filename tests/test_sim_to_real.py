@@ -723,6 +723,54 @@ points the paired mean over prompts of 4-64 tokens; ``..._h`` (right after it): 
 ``--seed 5``."""
 
 
+IDLE_SPLITS = {
+    # What the split says (docs/serving.md): the target is met by compensating errors, the prompt
+    # time simulated short and the rest (the profile's wake-up points) long.
+    "llamacpp_replays_20261207": (
+        "| round_robin | cluster idle | 267 | 0.151 | 0.148 | -1.8% | 0.145 | 0.131 | -9.2% | 6.3 | 16.8 |", {}),
+    # Read by the mean of the checks around each replay, the servers' prompt time for requests
+    # that found the cluster idle is simulated within 3% (it was 9-16% short when the lesser of
+    # each pair read the noisy VM fast), and no wake-up point pads the rest; the checks, read by
+    # their mean, track the replays (slope 0.35 for the first run of the day).
+    "llamacpp_replays_20261207_c": (
+        "| round_robin | cluster idle | 253 | 0.155 | 0.150 | -3.2% | 0.148 | 0.146 | -1.6% | 6.6 | 3.9 |",
+        {"slope": (0.66, 0.01), "intercept": (1.006, 0.005)}),
+    # The TTFT misses are the prompt time: requests that found the cluster idle took the servers
+    # 11-23% longer than the start-of-run profile says at every prompt length, a slowdown the
+    # checks between replays did not see (regressed on them, served / simulated is x1.16 where
+    # they read the profile's speed); decode held (E2E 12 of 12).
+    "llamacpp_replays_20261207_d": (
+        "| round_robin | cluster idle | 351 | 0.164 | 0.130 | -20.6% | 0.158 | 0.127 | -19.7% | 6.5 | 3.8 |",
+        {"intercept": (1.163, 0.005), "uncorrected": (1.136, 0.005)}),
+    # The checks track the replays' speed this time (slope ~1), yet requests that found the
+    # cluster idle took the servers ~11% longer on their prompts than the profile says at the
+    # checks' speed: an offset between the profile's conditions and the replays'.
+    "llamacpp_replays_20261207_e": (
+        "| round_robin | cluster idle | 463 | 0.116 | 0.102 | -12.1% | 0.110 | 0.098 | -11.1% | 5.4 | 3.6 |",
+        {"slope": (1.18, 0.01), "intercept": (1.144, 0.005)}),
+    # The profile's wake-up curve read 0-1.7 ms and the idle requests' prompt time is still ~10%
+    # short: a per-request cost its wake-up probe read only partly, and the servers' tail.
+    "llamacpp_replays_20261207_f": (
+        "| round_robin | cluster idle | 475 | 0.117 | 0.103 | -11.8% | 0.111 | 0.099 | -10.8% | 5.5 | 3.7 |",
+        {"intercept": (1.094, 0.005)}),
+    # The wake-up points (the paired mean, 7.5 / 9.5 ms after 1 / 3 s) now pad the simulated rest
+    # of an idle request beyond the served one (10.8 vs 5.8 ms: in the served requests that cost
+    # lies inside the server's prompt time), while the prompt time itself is ~25% short: the
+    # replays' prompts ran x1.32 slower than the profile at the checks' speed, and the checks did
+    # not see it (slope 0.77, intercept x1.40).
+    "llamacpp_replays_20261207_g": (
+        "| round_robin | cluster idle | 444 | 0.137 | 0.109 | -20.6% | 0.131 | 0.098 | -25.3% | 5.8 | 10.8 |",
+        {"intercept": (1.398, 0.005), "corrected": (1.321, 0.005)}),
+    # The same code on the next held-out sequence: the prompt-speed transfer smaller (x1.18), the
+    # rest again padded by the wake-up points (10.1 vs 5.4 ms served).
+    "llamacpp_replays_20261207_h": (
+        "| round_robin | cluster idle | 450 | 0.127 | 0.112 | -11.5% | 0.122 | 0.102 | -15.8% | 5.4 | 10.1 |",
+        {"corrected": (1.176, 0.005)}),
+}
+"""Per stored run with every request's prompt time: round_robin's idle-cluster row of the TTFT
+split, and the checks' correction figures pinned (docs/serving.md says what each shows)."""
+
+
 @pytest.mark.parametrize("run, loads, ranking, e2e, ttft, pooled", [
     ("llamacpp_replays_20261206", 12, (18, 3), (11, 0.0936, 0.1679), (6, 0.1456, 0.2829), (3, 2)),
     ("llamacpp_replays_20261206_busy", 12, (18, 3), (12, 0.0523, 0.1458), (11, 0.0914, 0.1740), (3, 3)),
@@ -786,65 +834,15 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
     first = stored["run"]["args"]["routers"].split(",")[0]
     assert report["repeats"]["1.5"][1][first]["mean_e2e_s"] == stored["repeats"]["1.5"][1][first]["mean_e2e_s"]
     assert (tmp_path / "profile.csv").read_bytes() == (REPLAYS / run / "profile.csv").read_bytes()
-    def idle_row() -> str:
-        """summary.md's row of round_robin's requests that found the cluster idle (TTFT split)."""
-        text = (tmp_path / "summary.md").read_text()
-        return next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |"))
-
     if run.endswith("1207"):
         # Measured the served path (its delay simulated) and kept every request with the server's
-        # own prompt time: TTFT split by arrival state into prompt time and the rest. What the
-        # split says (docs/serving.md): the target is met by compensating errors, the prompt
-        # time simulated short and the rest (the profile's wake-up points) long.
+        # own prompt time: TTFT split by arrival state into prompt time and the rest.
         assert report["run"]["served_path"]["router_s"] == pytest.approx(0.00389, abs=5e-5)
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 267 | 0.151 | 0.148 | -1.8% | 0.145 | 0.131 | -9.2% | 6.3 | 16.8 |"
-    if run.endswith("1207_c"):
-        # Read by the mean of the checks around each replay, the servers' prompt time for requests
-        # that found the cluster idle is simulated within 3% (it was 9-16% short when the lesser
-        # of each pair read the noisy VM fast), and no wake-up point pads the rest.
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 253 | 0.155 | 0.150 | -3.2% | 0.148 | 0.146 | -1.6% | 6.6 | 3.9 |"
-        # The checks, read by their mean, track the replays (slope 0.35 for the first run of the day)
-        assert report["correction"]["slope"] == pytest.approx(0.66, abs=0.01)
-        assert report["correction"]["intercept"] == pytest.approx(1.006, abs=0.005)
-    if run.endswith("1207_d"):
-        # The TTFT misses are the prompt time: requests that found the cluster idle took the
-        # servers 11-23% longer than the start-of-run profile says at every prompt length, a
-        # slowdown the checks between replays did not see (regressed on them, served / simulated
-        # is x1.16 where they read the profile's speed); decode held (E2E 12 of 12).
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 351 | 0.164 | 0.130 | -20.6% | 0.158 | 0.127 | -19.7% | 6.5 | 3.8 |"
-        assert report["correction"]["intercept"] == pytest.approx(1.163, abs=0.005)
-        assert report["correction"]["uncorrected"] == pytest.approx(1.136, abs=0.005)
-    if run.endswith("1207_e"):
-        # The checks track the replays' speed this time (slope ~1), yet requests that found the
-        # cluster idle took the servers ~11% longer on their prompts than the profile says at
-        # the checks' speed: an offset between the profile's conditions and the replays'.
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 463 | 0.116 | 0.102 | -12.1% | 0.110 | 0.098 | -11.1% | 5.4 | 3.6 |"
-        assert report["correction"]["slope"] == pytest.approx(1.18, abs=0.01)
-        assert report["correction"]["intercept"] == pytest.approx(1.144, abs=0.005)
-    if run.endswith("1207_f"):
-        # The profile's wake-up curve read 0-1.7 ms and the idle requests' prompt time is still
-        # ~10% short: a per-request cost its wake-up probe read only partly, and the servers' tail
-        # (docs/serving.md).
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 475 | 0.117 | 0.103 | -11.8% | 0.111 | 0.099 | -10.8% | 5.5 | 3.7 |"
-        assert report["correction"]["intercept"] == pytest.approx(1.094, abs=0.005)
-    if run.endswith("1207_g"):
-        # The wake-up points (the paired mean, 7.5 / 9.5 ms after 1 / 3 s) now pad the simulated
-        # rest of an idle request beyond the served one (10.8 vs 5.8 ms: in the served requests
-        # that cost lies inside the server's prompt time), while the prompt time itself is ~25%
-        # short: the replays' prompts ran x1.32 slower than the profile at the checks' speed,
-        # and the checks did not see it (slope 0.77, intercept x1.40; docs/serving.md).
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 444 | 0.137 | 0.109 | -20.6% | 0.131 | 0.098 | -25.3% | 5.8 | 10.8 |"
-        assert report["correction"]["intercept"] == pytest.approx(1.398, abs=0.005)
-        assert report["correction"]["corrected"] == pytest.approx(1.321, abs=0.005)
-    if run.endswith("1207_h"):
-        # The same code on the next held-out sequence: the prompt-speed transfer smaller (x1.18),
-        # the rest again padded by the wake-up points (10.1 vs 5.4 ms served).
-        idle = idle_row()
-        assert idle == "| round_robin | cluster idle | 450 | 0.127 | 0.112 | -11.5% | 0.122 | 0.102 | -15.8% | 5.4 | 10.1 |"
-        assert report["correction"]["corrected"] == pytest.approx(1.176, abs=0.005)
+    if run in IDLE_SPLITS:
+        # summary.md's row of round_robin's requests that found the cluster idle (TTFT split),
+        # and the checks' correction against the replays' own prompt times (correction_check).
+        row, correction = IDLE_SPLITS[run]
+        text = (tmp_path / "summary.md").read_text()
+        assert next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |")) == row
+        for key, (value, tol) in correction.items():
+            assert report["correction"][key] == pytest.approx(value, abs=tol), key
