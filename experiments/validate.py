@@ -89,7 +89,8 @@ def apply_scales(cal, items: list[str]):
         if gpu not in GPUS or factor not in GPU_PARAMS or not x > 0:
             raise SystemExit(f"llm-lb-gym validate: --scale {item!r}; expected GPU.FACTOR=X with GPU one of "
                              f"{', '.join(GPUS)}, FACTOR one of {', '.join(GPU_PARAMS)} and X > 0")
-        scales[gpu] = dataclasses.replace(cal.scale(gpu), **{factor: x})
+        # on top of this GPU's earlier --scale items: repeated items for one GPU all apply
+        scales[gpu] = dataclasses.replace(scales.get(gpu) or cal.scale(gpu), **{factor: x})
     return dataclasses.replace(cal, scales=scales)
 
 
