@@ -846,3 +846,18 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         assert next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |")) == row
         for key, (value, tol) in correction.items():
             assert report["correction"][key] == pytest.approx(value, abs=tol), key
+
+
+def test_the_readings_probe_rejudges_a_stored_run_under_each_reading():
+    """probe_sim_to_real_readings on one stored run: its own reading (the checks) reproduces the
+    pinned verdict, and each swapped reading gives its own (the probe sampled during the replays
+    is not the checks)."""
+    from llm_lb_gym.experiments import probe_sim_to_real_readings as probe
+
+    run = Path(__file__).resolve().parents[1] / "experiments" / "profiles" / "llamacpp_replays_20261207_h"
+    got = probe.main([str(run)])
+    assert got["totals"]["checks (sim_to_real)"] == [9, 8, 7]   # router-loads, E2E within, TTFT within
+    assert set(got["totals"]) == set(probe.VARIANTS)
+    assert got["totals"]["probe during the replay"] != got["totals"]["checks (sim_to_real)"]
+    assert got["ttft_bias"] < 0 and set(got["by_state"]) == {"cluster idle", "other instance busy",
+                                                                 "own instance busy"}
