@@ -1,6 +1,6 @@
 """Probe: does any reading of a replay track the llama.cpp servers' speed better than the checks?
 
-    python -m llm_lb_gym.experiments.probe_sim_to_real_readings            # every stored run, ~2 min
+    python -m llm_lb_gym.experiments.probe_sim_to_real_readings            # every stored run, ~80 s
     python -m llm_lb_gym.experiments.probe_sim_to_real_readings DIR [DIR ...]
 
 Re-judges stored sim_to_real runs (``sim_to_real --rejudge``, no servers) with the reading that
@@ -22,11 +22,10 @@ apart from the commands."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -60,8 +59,6 @@ def _has_checks(stored: dict) -> bool:
 def rejudge(run: Path, footing: str, swaps: dict, tmp: Path) -> dict | None:
     """The run re-judged with ``swaps`` applied to every replay's readings; its summary.json
     (None where the footing needs checks the run lacks)."""
-    from llm_lb_gym.experiments import sim_to_real
-
     stored = json.loads((run / "summary.json").read_text())
     if footing == "check" and not _has_checks(stored):
         return None
@@ -73,8 +70,9 @@ def rejudge(run: Path, footing: str, swaps: dict, tmp: Path) -> dict | None:
             for router in rep:
                 rep[router] = _swap(rep[router], swaps)
     (work / "summary.json").write_text(json.dumps(stored))
-    with contextlib.redirect_stdout(io.StringIO()):   # its summary.md; the verdict is read from summary.json
-        sim_to_real.main(["--rejudge", str(work), "--out", str(work / "rj"), "--footing", footing])
+    # the command itself (an entry point is not imported); its verdict is read from summary.json
+    subprocess.run([sys.executable, "-m", "llm_lb_gym.experiments.sim_to_real", "--rejudge", str(work),
+                    "--out", str(work / "rj"), "--footing", footing], check=True, stdout=subprocess.DEVNULL)
     return json.loads((work / "rj" / "summary.json").read_text())
 
 
