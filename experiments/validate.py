@@ -9,6 +9,7 @@
     llm-lb-gym validate --fit --fit-headline   # the older objective: without the published median ITLs
     llm-lb-gym validate --kv-allocation request   # V0's whole-prompt KV reservation instead of V1's per chunk
     llm-lb-gym validate --scale h100-80gb.bandwidth=0.64 --scale h100-80gb.kv_bandwidth=0.64   # a diagnostic
+    llm-lb-gym validate --readings       # also: each host's constants read off its lone requests, the rest judged
 
 The corpus (``llm_lb_gym/calibration/corpus.json``, docs/calibration.md) holds published
 end-to-end results of vLLM servers with their setup; each case is replayed on one simulated
@@ -56,6 +57,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--scale", action="append", default=[], metavar="GPU.FACTOR=X",
                     help="set one per-GPU serving factor for this run (a diagnostic; repeatable), FACTOR one of "
                          "linear_flops, attention_flops, bandwidth, kv_bandwidth: e.g. h100-80gb.bandwidth=0.64")
+    ap.add_argument("--readings", action="store_true",
+                    help="also fit, per source, the host constants its lone-request cases (one in flight) pin down "
+                         "(calibration/host_readings.py: frontend, weight-read factor, and with two prompt lengths "
+                         "compute and KV-read factors) and judge its other cases with them")
     ap.add_argument("--json", default=None, help="write every case's figures and errors here")
     return ap
 
@@ -113,6 +118,52 @@ def before_calibration():
 
     return ServingCalibration({}, roofline.cpu_overhead(1), {}, engine_options={"kv_allocation": "request",
                                                                                   "async_scheduling": False})
+
+
+def readings_report(results, corpus, cal, headline_errors) -> dict:
+    """``--readings``: per source with lone-request cases, its host's constants read off them
+    (``host_readings.fit_host``) and its other cases judged before and after; then per split."""
+    from llm_lb_gym.calibration.host_readings import fit_host, is_reading
+    from llm_lb_gym.calibration.serving import evaluate
+
+    by_source: dict[str, list] = {}
+    for r in results:
+        by_source.setdefault(r.case.source, []).append(r)
+    print("\nafter reading each host off its lone requests (--readings; calibration/host_readings.py): the "
+          "multipliers of the serving fit's constants, and median / max |error| of the source's other cases")
+    out: dict = {"sources": {}}
+    pooled: dict[str, tuple[list, list]] = {}
+    for src, rs in sorted(by_source.items()):
+        readings = [r.case for r in rs if is_reading(r.case)]
+        rest = [r for r in rs if not is_reading(r.case)]
+        if not readings or not rest:
+            print(f"  {rs[0].case.split:<9}{src:<40}{'no lone-request cases' if not readings else 'no other cases'}")
+            continue
+        host = fit_host(readings, corpus, cal)
+        after = evaluate([r.case for r in rest], corpus, host.calibration)
+        gb_before = [r for r in rest if kind(r.case) == "gpu-bound"]
+        gb_after = [r for r in after if kind(r.case) == "gpu-bound"]
+        b, a = summary(gb_before, headline_errors), summary(gb_after, headline_errors)
+        mult = ", ".join(f"{k} x{v:.3g}" for k, v in host.multipliers.items())
+        print(f"  {rs[0].case.split:<9}{src:<40}read off {len(readings)} lone-request case(s): {mult}")
+        print(f"  {'':<49}{'other cases':<13}{b[0]:>7.1%} / {b[1]:>6.1%} -> {a[0]:>6.1%} / {a[1]:>6.1%}  ({a[2]} figures)")
+        worst = sorted(((abs(v), r.case.id, k, v) for r in gb_after for k, v in headline_errors(r).items()), reverse=True)[:3]
+        print(f"  {'':<49}largest after: " + "; ".join(f"{i.split('/', 1)[1]} {k} {v:+.0%}" for _, i, k, v in worst))
+        out["sources"][src] = {"readings": [c.id for c in readings], "multipliers": host.multipliers,
+                               "reading_residuals": host.residuals,
+                               "before": dict(zip(("median", "max", "figures"), b)),
+                               "after": dict(zip(("median", "max", "figures"), a)),
+                               "after_cases": {r.case.id: r.errors for r in after}}
+        pb, pa = pooled.setdefault(rs[0].case.split, ([], []))
+        pb += gb_before
+        pa += gb_after
+    for split, (pb, pa) in sorted(pooled.items()):
+        b, a = summary(pb, headline_errors), summary(pa, headline_errors)
+        out[f"{split}/gpu-bound"] = {"before": dict(zip(("median", "max", "figures"), b)),
+                                     "after": dict(zip(("median", "max", "figures"), a))}
+        print(f"  {split + ', gpu-bound, other cases of hosts read':<49}{'':<13}{b[0]:>7.1%} / {b[1]:>6.1%} -> "
+              f"{a[0]:>6.1%} / {a[1]:>6.1%}  ({a[2]} figures)")
+    return out
 
 
 def main(argv=None) -> dict:
@@ -183,6 +234,8 @@ def main(argv=None) -> dict:
             med, mx, n = summary(rs, lambda r: {"itl": r.errors["median_itl_ms"]})
             report["splits"][f"{split}/median-itl"] = {"median": med, "max": mx, "figures": n}
             print(f"  {split + ', median ITL beside them':<49}{med:>7.1%} / {mx:>6.1%}  ({n} figures)")
+    if args.readings:
+        report["readings"] = readings_report(results, corpus, cal, headline_errors)
     if args.json:
         rows = [{"id": r.case.id, "split": r.case.split, "source": r.case.source, "measured": r.case.measured,
                  "simulated": {k: r.simulated[k] for k in r.case.measured if k in r.simulated},
