@@ -21,7 +21,7 @@ COMMANDS = ("train", "evaluate", "reproduce", "load_sweep", "bench", "soak", "ca
             "calibrate_hardware", "paper_v100", "tune_late_binding", "train_predictor",
             "eval_predictor", "bench_lookahead", "bench_predictor_latency", "merge", "improve",
             "policy_search", "serve", "loadgen", "bench_serve", "calibrate_llamacpp", "sim_to_real",
-            "validate", "benchmark", "robust")
+            "validate", "read_host", "benchmark", "robust")
 """Modules of ``llm_lb_gym.experiments`` with a ``main()`` that reads ``sys.argv``."""
 
 

@@ -97,3 +97,68 @@ def test_readings_leave_the_start_s_other_constants(corpus):
     assert host.frontends["chat"] == start.frontends["chat"] and host.cpu_s == start.cpu_s
     assert {g: s for g, s in host.scales.items() if g != "l4"} == {g: s for g, s in start.scales.items() if g != "l4"}
     assert host.scale("l4").kv_bandwidth == start.scale("l4").kv_bandwidth
+
+
+def test_read_host_writes_the_engine_of_the_host_it_read(corpus, tmp_path):
+    """``llm-lb-gym read_host`` with silybench's five lone-request figures fits what ``validate
+    --readings`` fits, and the engine option it writes, composed by Hydra from its search path,
+    replays a loaded case of that host to the same figures as the fitted calibration does."""
+    from omegaconf import OmegaConf
+
+    from llm_lb_gym.calibration import replay as rp
+    from llm_lb_gym.calibration.serving import case_engine
+    from llm_lb_gym.experiments import read_host
+    from llm_lb_gym.experiments._hydra import compose
+    from llm_lb_gym.sim.config import EngineConfig
+
+    mine = _source(corpus, SILY)
+    readings = [c for c in mine if is_reading(c)]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(corpus.model_config("qwen3-8b")))
+    argv = ["--model-config", str(config), "--gpu", "h100-80gb", "--endpoint", "completions",
+            "--engine-version", "0.30.0", "--max-model-len", "16384", "--out-dir", str(tmp_path / "conf")]
+    for c in readings:
+        argv += ["--reading", f"{c.workload.prompt_tokens},{c.workload.output_tokens},"
+                              f"{c.measured['p95_ttft_ms']},{c.measured['median_itl_ms']}"]
+    out = read_host.main(argv)
+    host = fit_host(readings, corpus, ServingCalibration.shipped())
+    assert out["multipliers"] == pytest.approx(host.multipliers, rel=1e-9)
+    cfg = compose("train", [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "engine=myhost"])
+    engine = EngineConfig(**OmegaConf.to_container(cfg.engine, resolve=True))
+    case = next(c for c in mine if c.id.endswith("longctx-8192-512-c16"))
+    fitted = case_engine(case, corpus, host.calibration)
+    # the two fits read the TTFT as a median (here) or a p95 (the corpus): equal to float noise
+    for ours, theirs in ((engine.latency_model, fitted.latency_model), (engine.frontend_model, fitted.frontend_model)):
+        a, b = dataclasses.asdict(ours), dataclasses.asdict(theirs)
+        assert {k: v for k, v in a.items() if isinstance(v, tuple)} == {k: v for k, v in b.items() if isinstance(v, tuple)}
+        assert ({k: v for k, v in a.items() if not isinstance(v, tuple)}
+                == pytest.approx({k: v for k, v in b.items() if not isinstance(v, tuple)}, rel=1e-9))
+    assert engine.total_blocks == fitted.total_blocks and engine.async_scheduling is True
+    w = case.workload
+    ours = rp._figures(*(lambda t, c: (t, None, c.engines[0].gap_log))(*rp._closed_loop(
+        w.num_requests, w.concurrency, *rp.lengths(w), engine)))
+    theirs = rp._figures(*(lambda t, c: (t, None, c.engines[0].gap_log))(*rp._closed_loop(
+        w.num_requests, w.concurrency, *rp.lengths(w), fitted)))
+    assert ours == pytest.approx(theirs, rel=1e-9) and abs(ours["duration_s"] / case.measured["duration_s"] - 1) < 0.1
+
+
+@pytest.mark.parametrize("bad,match", [
+    (["--reading", "128,1,14,6"], "--reading '128,1,14,6'; expected P,O,TTFT_MS,ITL_MS"),
+    (["--reading", "128,128,14"], "output tokens >= 2"),
+    (["--gpu", "h900", "--reading", "128,128,14,6"], "--gpu 'h900'; allowed: .*h100-80gb"),
+    (["--reading", "128,128,14,6", "--name", "my host"], "--name 'my host'"),
+    ([], "at least one --reading"),
+])
+def test_read_host_names_the_bad_option(tmp_path, bad, match):
+    from llm_lb_gym.experiments import read_host
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(load_corpus().model_config("qwen3-8b")))
+    base = ["--model-config", str(config), "--gpu", "h100-80gb"]
+    if "--gpu" in bad:
+        base = base[:2]
+    with pytest.raises(SystemExit, match=match):
+        read_host.main(base + bad)
+    with pytest.raises(SystemExit, match="--model-config .*nowhere.json"):
+        read_host.main(["--model-config", str(tmp_path / "nowhere.json"), "--gpu", "h100-80gb",
+                        "--reading", "128,128,14,6"])
