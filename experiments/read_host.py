@@ -14,7 +14,8 @@ silybench's H100 the five lone-request shapes bring its 25 loaded cases from 49.
 error; the closed loops' TTFT tails and a busy API server's per-stream cost are not in lone
 requests). The engine config written is the serving fit's (``engine.latency_fit=serving``, the
 endpoint's frontend, the engine generation's defaults at that release) with the fitted latency
-coefficients and frontend written out, as ``DIR/engine/NAME.yaml``.
+coefficients and frontend written out, as ``DIR/engine/NAME.yaml``. A server started with
+``--quantization fp8`` is read with ``--quantization fp8`` (docs/hardware.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ ENGINE_NAME = "myhost"
 
 def parser() -> argparse.ArgumentParser:
     from llm_lb_gym.calibration.corpus import ENDPOINTS
+    from llm_lb_gym.sim.architecture import QUANTIZATIONS
 
     ap = argparse.ArgumentParser(prog="llm-lb-gym read_host", description=__doc__.splitlines()[0])
     ap.add_argument("--model-config", required=True, help="the served model's Hugging Face config.json (or its folder)")
@@ -38,8 +40,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--endpoint", choices=ENDPOINTS, default="completions",
                     help="the API your clients call: completions (/v1/completions) or chat (/v1/chat/completions)")
     ap.add_argument("--generation", default="vllm-v1", help="the engine generation (sim/generations.py)")
-    ap.add_argument("--engine-version", default=None, help="the vLLM release, e.g. 0.30.0 (async scheduling from 0.14.0)")
+    ap.add_argument("--engine-version", required=True,
+                    help="the vLLM release, e.g. 0.30.0 (its defaults: async scheduling from 0.14.0)")
     ap.add_argument("--max-model-len", type=int, default=None, help="the server's --max-model-len (default: the model's)")
+    ap.add_argument("--quantization", default=None, choices=tuple(QUANTIZATIONS),
+                    help="the server's --quantization (default: the model config's)")
     ap.add_argument("--reading", action="append", default=[], metavar="P,O,TTFT_MS,ITL_MS",
                     help="one lone-request shape: prompt tokens, output tokens, measured TTFT and median ITL in ms "
                          "(repeatable)")
@@ -72,9 +77,9 @@ def readings_corpus(args, readings):
     except (OSError, ValueError) as err:
         raise SystemExit(f"llm-lb-gym read_host: --model-config {args.model_config!r}: cannot read a config.json ({err})")
     corpus = Corpus((), {"yours": {"hf_id": str(path), "config": config}}, {}, "")
-    options = {"max_model_len": args.max_model_len} if args.max_model_len else {}
+    options = {k: v for k, v in (("max_model_len", args.max_model_len), ("quantization", args.quantization)) if v}
     cases = tuple(Case(id=f"reading-{i}-p{p}", source="yours", split="fitted", engine="vllm",
-                       engine_version=args.engine_version or "", generation=args.generation, model="yours",
+                       engine_version=args.engine_version, generation=args.generation, model="yours",
                        gpu=args.gpu, tensor_parallel=args.tensor_parallel, endpoint=args.endpoint,
                        workload=Workload("closed", 2, p, o, 1), engine_options=options,
                        measured={"median_ttft_ms": ttft, "median_itl_ms": itl})
@@ -105,8 +110,8 @@ def main(argv=None) -> dict:
     from llm_lb_gym._validate import ConfigError
     from llm_lb_gym.calibration.host_readings import fit_host
     from llm_lb_gym.calibration.serving import ServingCalibration, case_engine
-    from llm_lb_gym.sim.generations import GENERATIONS
-    from llm_lb_gym.sim.gpus import GPUS
+    from llm_lb_gym.sim.generations import GENERATIONS, generation_options
+    from llm_lb_gym.sim.gpus import GPUS, get_gpu
 
     if args.gpu not in GPUS:
         raise SystemExit(f"llm-lb-gym read_host: --gpu {args.gpu!r}; allowed: {', '.join(GPUS)}")
@@ -116,6 +121,10 @@ def main(argv=None) -> dict:
         raise SystemExit("llm-lb-gym read_host: give at least one --reading P,O,TTFT_MS,ITL_MS (a lone request's)")
     if not args.name.isidentifier():
         raise SystemExit(f"llm-lb-gym read_host: --name {args.name!r}; allowed: a name of letters, digits and _")
+    try:   # the release names the engine generation's defaults (sim/generations.py)
+        generation_options(args.generation, get_gpu(args.gpu), args.engine_version)
+    except ConfigError as err:
+        raise SystemExit(f"llm-lb-gym read_host: --engine-version: {err}")
     corpus, path = readings_corpus(args, [parse_reading(r) for r in args.reading])
     try:
         host = fit_host(corpus.cases, corpus, ServingCalibration.shipped())
@@ -135,7 +144,7 @@ def main(argv=None) -> dict:
         target.parent.mkdir(parents=True, exist_ok=True)
         readings = " ".join(args.reading)
         target.write_text(engine_yaml(engine, path, f"# llm-lb-gym read_host: {args.gpu}, {args.endpoint}, "
-                                                    f"{args.generation} {args.engine_version or ''}; readings "
+                                                    f"{args.generation} {args.engine_version}; readings "
                                                     f"{readings}\n# multipliers {json.dumps(host.multipliers)}\n"
                                                     "# latency: the fitted coefficients (they override latency_fit's)\n"))
         print(f"wrote {target}; use it with: 'hydra.searchpath=[file://{Path(args.out_dir).resolve()}]' engine={args.name}")

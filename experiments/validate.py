@@ -157,6 +157,29 @@ def readings_report(results, corpus, cal, headline_errors) -> dict:
         pb, pa = pooled.setdefault(rs[0].case.split, ([], []))
         pb += gb_before
         pa += gb_after
+    hosts: dict[str, list[str]] = {}
+    for src in by_source:
+        if corpus.sources[src].get("host"):
+            hosts.setdefault(corpus.sources[src]["host"], []).append(src)
+    for host_id, srcs in sorted(hosts.items()):   # one source's lone requests, another's every case
+        for read_src in srcs:
+            readings = [r.case for r in by_source[read_src] if is_reading(r.case)]
+            if not readings:
+                continue
+            host = fit_host(readings, corpus, cal)
+            for src in srcs:
+                if src == read_src:
+                    continue
+                rs = [r for r in by_source[src] if kind(r.case) == "gpu-bound"]
+                after = evaluate([r.case for r in rs], corpus, host.calibration)
+                b, a = summary(rs, headline_errors), summary(after, headline_errors)
+                print(f"  {rs[0].case.split:<9}{src:<40}every case, read off {read_src} (the same host):")
+                print(f"  {'':<49}{'':<13}{b[0]:>7.1%} / {b[1]:>6.1%} -> {a[0]:>6.1%} / {a[1]:>6.1%}  ({a[2]} figures)")
+                out.setdefault("same_host", {})[f"{read_src} -> {src}"] = {
+                    "host": host_id, "multipliers": host.multipliers,
+                    "before": dict(zip(("median", "max", "figures"), b)),
+                    "after": dict(zip(("median", "max", "figures"), a)),
+                    "after_cases": {r.case.id: r.errors for r in after}}
     for split, (pb, pa) in sorted(pooled.items()):
         b, a = summary(pb, headline_errors), summary(pa, headline_errors)
         out[f"{split}/gpu-bound"] = {"before": dict(zip(("median", "max", "figures"), b)),

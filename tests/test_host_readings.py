@@ -68,7 +68,7 @@ def test_silybench_read_off_its_lone_requests_predicts_its_loaded_decode(corpus,
 
     out = tmp_path / "readings.json"
     report = validate.main(["--split", "held_out", "--readings", "--json", str(out)])["readings"]
-    assert set(report["sources"]) == {SILY, "wmx-l4-qwen2.5-0.5b"}   # GPUStack's 32B pages: no lone requests
+    assert set(report["sources"]) == {SILY, SILY + "-fp8", "wmx-l4-qwen2.5-0.5b"}   # GPUStack's 32B pages: none
     s = report["sources"][SILY]
     assert len(s["readings"]) == 5 and not set(s["readings"]) & set(s["after_cases"])
     assert len(s["after_cases"]) == 25
@@ -84,7 +84,33 @@ def test_silybench_read_off_its_lone_requests_predicts_its_loaded_decode(corpus,
     assert max(abs(e["p95_ttft_ms"]) for e in s["after_cases"].values()) > 1.0   # the lockstep tail, reported
     l4 = report["sources"]["wmx-l4-qwen2.5-0.5b"]
     assert l4["after"]["max"] > l4["before"]["max"]
-    assert report["held_out/gpu-bound"]["after"]["figures"] == 90
+    assert report["held_out/gpu-bound"]["after"]["figures"] == 165
+
+
+def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
+    """silybench ran Qwen3-8B in BF16 and with ``--quantization fp8`` on one host (the corpus's
+    ``host``). Read off the BF16 server's lone requests, the host's constants predict every FP8
+    case (the weights' halved bytes and the FP8 GEMM rate come from ``engine.quantization``):
+    duration and ITL within ~10%, TTFT short by 12-34% where prefill leans on the FP8 tensor
+    cores (the fitted efficiency times the FP8 peak overstates them), and the closed loops'
+    TTFT tails as far off as in BF16. Read off the FP8 server's own lone requests, the weight-
+    and KV-read factors agree with BF16's within 5%; the compute factor does not (1.17 vs 1.57)."""
+    from llm_lb_gym.calibration.serving import evaluate, headline_errors
+
+    bf16 = [c for c in _source(corpus, SILY) if is_reading(c)]
+    fp8 = _source(corpus, SILY + "-fp8")
+    host = fit_host(bf16, corpus, ServingCalibration.shipped())
+    results = evaluate(fp8, corpus, host.calibration)
+    steady = [abs(r.errors[k]) for r in results for k in ("duration_s", "median_itl_ms")]
+    assert max(steady) < 0.12, max(steady)
+    ttft = sorted(r.errors["p95_ttft_ms"] for r in results)
+    assert ttft[len(ttft) // 2] < -0.05 and ttft[-1] > 1.0   # short on prefill; the lockstep tail
+    errs = sorted(abs(v) for r in results for v in headline_errors(r).values())
+    assert errs[len(errs) // 2] < 0.06
+    own = fit_host([c for c in fp8 if is_reading(c)], corpus, ServingCalibration.shipped()).multipliers
+    for k in ("bandwidth", "kv_bandwidth"):
+        assert own[k] == pytest.approx(host.multipliers[k], rel=0.05), (k, own, host.multipliers)
+    assert own["compute"] < 0.85 * host.multipliers["compute"]
 
 
 def test_readings_leave_the_start_s_other_constants(corpus):
@@ -147,6 +173,7 @@ def test_read_host_writes_the_engine_of_the_host_it_read(corpus, tmp_path):
     (["--reading", "128,128,14"], "output tokens >= 2"),
     (["--gpu", "h900", "--reading", "128,128,14,6"], "--gpu 'h900'; allowed: .*h100-80gb"),
     (["--reading", "128,128,14,6", "--name", "my host"], "--name 'my host'"),
+    (["--reading", "128,128,14,6", "--engine-version", "0.x"], "--engine-version: engine version '0.x': expected"),
     ([], "at least one --reading"),
 ])
 def test_read_host_names_the_bad_option(tmp_path, bad, match):
@@ -154,11 +181,13 @@ def test_read_host_names_the_bad_option(tmp_path, bad, match):
 
     config = tmp_path / "config.json"
     config.write_text(json.dumps(load_corpus().model_config("qwen3-8b")))
-    base = ["--model-config", str(config), "--gpu", "h100-80gb"]
+    base = ["--model-config", str(config), "--gpu", "h100-80gb", "--engine-version", "0.30.0"]
     if "--gpu" in bad:
-        base = base[:2]
+        base = base[:2] + base[4:]
+    if "--engine-version" in bad:
+        base = base[:4]
     with pytest.raises(SystemExit, match=match):
         read_host.main(base + bad)
     with pytest.raises(SystemExit, match="--model-config .*nowhere.json"):
         read_host.main(["--model-config", str(tmp_path / "nowhere.json"), "--gpu", "h100-80gb",
-                        "--reading", "128,128,14,6"])
+                        "--engine-version", "0.30.0", "--reading", "128,128,14,6"])

@@ -111,6 +111,8 @@ def case_engine(case: Case, corpus: Corpus, cal: ServingCalibration) -> EngineCo
     opts.setdefault("max_model_len", arch.max_model_len)   # vLLM's default: the model's window
     opts.update(case.engine_options)
     opts.update(cal.engine_options)
+    if opts.get("quantization"):   # the server's --quantization, as EngineConfig's preset applies it
+        arch = replace(arch, quantization=opts["quantization"])
     path = model_config_path(corpus, case.model)
     fields_ = roofline.serving_fields(arch, gpu, case.tensor_parallel, cal.scale(case.gpu), cal.cpu_s, cal.launch_scale)
     engine = EngineConfig(model_config=path, gpu=case.gpu, tensor_parallel=case.tensor_parallel,

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .._validate import ConfigError, check_bool, check_int, lookup
+from .._validate import ConfigError, check_bool, check_choice, check_int, lookup
+
+QUANTIZATIONS = {"fp8": 1}
+"""Weight quantizations the roofline prices (name -> bytes per linear weight): vLLM's ``fp8``
+(``--quantization fp8``, or a checkpoint whose ``quantization_config.quant_method`` is fp8)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,12 @@ class ModelArchitecture:
     """Bias on the q, k, v projections (Qwen2)."""
     dtype_bytes: int = 2
     """Bytes per weight and KV element (fp16/bf16)."""
+    quantization: str | None = None
+    """``fp8``: the layers' matrix-multiply weights in FP8 (1 byte; vLLM's ``--quantization fp8``
+    or a checkpoint's ``quantization_config``), their GEMMs at the GPU's FP8 rate where it has
+    FP8 tensor cores (``gpus.GPUDatasheet.fp8_flops``; activations quantized per token) and at
+    the FP16 rate through weight-only kernels where not; the embedding, LM head, norms, attention
+    and KV cache stay in ``dtype_bytes``, as vLLM keeps them. None: every weight in dtype_bytes."""
 
     def __post_init__(self) -> None:
         for f in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim",
@@ -53,6 +63,8 @@ class ModelArchitecture:
             check_int(f"architecture.{f}", getattr(self, f), 1)
         for f in ("gated_mlp", "tied_embeddings", "qkv_bias"):
             check_bool(f"architecture.{f}", getattr(self, f))
+        if self.quantization is not None:
+            check_choice("architecture.quantization", self.quantization, QUANTIZATIONS)
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"architecture {self.name}: num_heads={self.num_heads} must be a multiple of "
                               f"num_kv_heads={self.num_kv_heads} (grouped-query attention)")
@@ -97,8 +109,14 @@ class ModelArchitecture:
                 + self.lm_head_params)
 
     @property
+    def linear_weight_bytes(self) -> int:
+        """Bytes per matrix-multiply weight of a layer (``quantization``)."""
+        return QUANTIZATIONS[self.quantization] if self.quantization else self.dtype_bytes
+
+    @property
     def weight_bytes(self) -> int:
-        return self.num_params * self.dtype_bytes
+        linear = self.num_layers * self.linear_params_per_layer
+        return linear * self.linear_weight_bytes + (self.num_params - linear) * self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -187,6 +205,11 @@ def from_hf_config(source: str | Path | Mapping[str, Any], name: str | None = No
     if not isinstance(dtype, str) or dtype not in _DTYPE_BYTES:
         raise ConfigError(f"model config {where}: torch_dtype={dtype!r}; allowed: {', '.join(_DTYPE_BYTES)}")
     act = cfg.get("hidden_act", "silu")
+    quant = cfg.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else quant
+    if quant is not None and method not in QUANTIZATIONS:
+        raise ConfigError(f"model config {where}: quantization_config.quant_method={method!r}; allowed: "
+                          f"{', '.join(QUANTIZATIONS)} (or no quantization_config: weights in torch_dtype)")
     try:
         return ModelArchitecture(
             name=name or str(cfg.get("_name_or_path") or (where if where != "config dict" else "custom")),
@@ -198,7 +221,7 @@ def from_hf_config(source: str | Path | Mapping[str, Any], name: str | None = No
             gated_mlp=act in ("silu", "swiglu") or cfg.get("model_type") in ("llama", "mistral", "qwen2"),
             tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-            dtype_bytes=_DTYPE_BYTES[dtype])
+            dtype_bytes=_DTYPE_BYTES[dtype], quantization=method if quant is not None else None)
     except ConfigError as err:
         raise ConfigError(f"model config {where}: {err}") from None
 

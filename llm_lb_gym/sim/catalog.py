@@ -14,7 +14,7 @@ Also here: ``llama2-7b-v100-16gb`` (the paper's V100 latency coefficients, 16 GB
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from .._validate import ConfigError
@@ -115,7 +115,7 @@ def register_catalog() -> None:
 
 @lru_cache(maxsize=32)
 def custom_preset(model_config: str, gpu: str | GPUDatasheet, tensor_parallel: int = 1,
-                  fit: str = "kernels") -> ArchitecturePreset:
+                  fit: str = "kernels", quantization: str | None = None) -> ArchitecturePreset:
     """A roofline preset for a built-in architecture name (``architecture.ARCHITECTURES``) or any
     Hugging Face ``config.json`` (a path or its folder), on a built-in GPU (by name) or a
     declared one (``gpus.declare_gpu``).
@@ -123,6 +123,9 @@ def custom_preset(model_config: str, gpu: str | GPUDatasheet, tensor_parallel: i
     Cached: an engine config asks for its preset often, and the file should be read once.
     """
     arch = ARCHITECTURES[model_config] if model_config in ARCHITECTURES else from_hf_config(model_config)
+    if quantization is not None:   # the server's --quantization over the checkpoint's own
+        arch = replace(arch, quantization=quantization)
     sheet = resolve_gpu(gpu)
-    return build_preset(arch, sheet, tensor_parallel, name=f"{model_config}/{sheet.name}/tp{tensor_parallel}",
+    suffix = f"/{arch.quantization}" if arch.quantization else ""
+    return build_preset(arch, sheet, tensor_parallel, name=f"{model_config}/{sheet.name}/tp{tensor_parallel}{suffix}",
                         fit=fit)

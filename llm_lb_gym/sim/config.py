@@ -20,6 +20,7 @@ from ..limits import MAX_CONTEXT_TOKENS, MAX_INSTANCES, MAX_TOKENS
 from .batching import SCHEDULERS
 from .catalog import LATENCY_FITS, custom_preset
 from .frontend import FrontendModel, resolve_frontend
+from .architecture import QUANTIZATIONS
 from .gpus import GPUS, GPUDatasheet, resolve_gpu
 from .latency import HardwarePreset, LatencyModel, get_preset
 
@@ -91,6 +92,11 @@ class EngineConfig:
     """Latency coefficients of a ``model_config`` preset: ``kernels`` (the roofline's factors
     fitted to Vidur's kernel profiles, as before the option) or ``serving`` (per-GPU factors
     fitted to real end-to-end vLLM runs, ``roofline.SERVING_SCALES``; docs/calibration.md)."""
+    quantization: str | None = None
+    """vLLM's ``--quantization`` for ``model_config`` presets: ``fp8`` serves the layers' matrix
+    multiplies with FP8 weights (``architecture.QUANTIZATIONS``: half the weight bytes, more KV
+    blocks, the FP8 tensor-core rate where the GPU has one). None: as the model config says (a
+    checkpoint's ``quantization_config``, else its ``torch_dtype``)."""
     frontend: str | FrontendModel | None = None
     """The API server's per-request CPU work ahead of the engine (``sim/frontend.py``): a
     registered name (``sim.frontend.FRONTENDS``), a mapping of ``FrontendModel`` fields, or None
@@ -109,6 +115,11 @@ class EngineConfig:
         if self.latency_fit != "kernels" and self.model_config is None:
             raise ConfigError(f"engine.latency_fit={self.latency_fit!r} applies to engine.model_config presets only "
                               f"(named presets carry their own fit); allowed here: kernels")
+        if self.quantization is not None:
+            check_choice("engine.quantization", self.quantization, QUANTIZATIONS)
+            if self.model_config is None:
+                raise ConfigError("engine.quantization applies to engine.model_config presets only (named presets "
+                                  "carry their own weights); allowed here: null")
         self.hardware  # validates the preset name (or the custom model on its GPU)
         check_int("engine.block_size", self.block_size, 1, MAX_CONTEXT_TOKENS)
         check_range("engine.gpu_memory_utilization", self.gpu_memory_utilization, 0.0, 1.0, lo_open=True)
@@ -154,7 +165,8 @@ class EngineConfig:
     @property
     def hardware(self) -> HardwarePreset:
         if self.model_config is not None:
-            return custom_preset(str(self.model_config), self.gpu, self.tensor_parallel, self.latency_fit)
+            return custom_preset(str(self.model_config), self.gpu, self.tensor_parallel, self.latency_fit,
+                                 self.quantization)
         return get_preset(self.preset)
 
     @property

@@ -7,7 +7,7 @@ calibrated on the profiled ones (A100, H100, A40; ``roofline.py``). Peaks are NV
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Mapping
 
 from .._validate import ConfigError, check_choice, check_range, lookup
@@ -31,10 +31,14 @@ class GPUDatasheet:
     """GPU-to-GPU bandwidth per direction used by a tensor-parallel all-reduce."""
     interconnect: str
     """``nvlink`` (NVLink/NVSwitch) or ``pcie``."""
+    fp8_flops: float = 0.0
+    """Dense FP8 tensor-core peak, FLOP/s; 0 = no FP8 tensor cores (Volta, Ampere), where vLLM
+    serves FP8 weights with weight-only kernels at the FP16 rate (``architecture.quantization``)."""
 
     def __post_init__(self) -> None:
         for f in ("memory_bytes", "memory_bandwidth_bytes_s", "fp16_flops", "interconnect_bytes_s"):
             check_range(f"gpu.{f}", getattr(self, f), 0.0, lo_open=True)
+        check_range("gpu.fp8_flops", self.fp8_flops, 0.0)
         check_choice("gpu.interconnect", self.interconnect, INTERCONNECTS)
 
 
@@ -52,9 +56,9 @@ GPUS: dict[str, GPUDatasheet] = {g.name: g for g in (
     # dense FP16 tensor (Baseten, "NVIDIA A10 vs A10G for ML model inference"); PCIe Gen4 x16
     # 32 GB/s per direction; nvidia-smi reports 23,028 MiB.
     GPUDatasheet("a10g", 23028 * MIB, 600 * GB, 70 * TFLOPS, 32 * GB, "pcie"),
-    # L4 (NVIDIA L4 datasheet): 24 GB GDDR6 at 300 GB/s, 242 TFLOPS FP16 with sparsity = 121 dense;
-    # PCIe Gen4 x16; nvidia-smi reports 23,034 MiB.
-    GPUDatasheet("l4", 23034 * MIB, 300 * GB, 121 * TFLOPS, 32 * GB, "pcie"),
+    # L4 (NVIDIA L4 datasheet): 24 GB GDDR6 at 300 GB/s, 242 TFLOPS FP16 with sparsity = 121 dense,
+    # 485 FP8 with sparsity = 242.5 dense; PCIe Gen4 x16; nvidia-smi reports 23,034 MiB.
+    GPUDatasheet("l4", 23034 * MIB, 300 * GB, 121 * TFLOPS, 32 * GB, "pcie", fp8_flops=242.5 * TFLOPS),
     # A40 (NVIDIA A40 datasheet; profiled by Vidur): 48 GB GDDR6 at 696 GB/s, 149.7 TFLOPS FP16
     # tensor; NVLink bridge only pairs GPUs (112.5 GB/s bidirectional), so PCIe Gen4 for the
     # all-reduce; 44.35 GiB reported (PyTorch OOM message, NVIDIA/TensorRT-LLM#67).
@@ -64,9 +68,9 @@ GPUS: dict[str, GPUDatasheet] = {g.name: g for g in (
     GPUDatasheet("a100-40gb", 39.39 * GIB, 1555 * GB, 312 * TFLOPS, 300 * GB, "nvlink"),
     GPUDatasheet("a100-80gb", 79.15 * GIB, 2039 * GB, 312 * TFLOPS, 300 * GB, "nvlink"),
     # H100 SXM5 (NVIDIA H100 datasheet): 80 GB HBM3 at 3.35 TB/s, 1,979 TFLOPS FP16 with sparsity
-    # = 989.4 dense; NVLink 4 900 GB/s total = 450 per direction; 79.22 GiB reported (vLLM's
-    # memory-profiling log, vllm-project/vllm#12126).
-    GPUDatasheet("h100-80gb", 79.22 * GIB, 3352 * GB, 989.4 * TFLOPS, 450 * GB, "nvlink"),
+    # = 989.4 dense, 3,958 FP8 with sparsity = 1,979 dense; NVLink 4 900 GB/s total = 450 per
+    # direction; 79.22 GiB reported (vLLM's memory-profiling log, vllm-project/vllm#12126).
+    GPUDatasheet("h100-80gb", 79.22 * GIB, 3352 * GB, 989.4 * TFLOPS, 450 * GB, "nvlink", fp8_flops=1979 * TFLOPS),
 )}
 
 PROFILED_GPUS = {"a100": "a100-80gb", "h100": "h100-80gb", "a40": "a40"}
@@ -93,20 +97,22 @@ def declare_gpu(spec: Mapping[str, Any], where: str = "engine.gpu") -> GPUDatash
     unknown = sorted(str(k) for k in spec if k not in names)
     if unknown:
         raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(names)}")
-    missing = [n for n in names if n not in spec]
+    optional = {f.name for f in fields(GPUDatasheet) if f.default is not MISSING}
+    missing = [n for n in names if n not in spec and n not in optional]
     if missing:
         raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; a declared GPU needs all of "
-                          f"{', '.join(names)} (or name a built-in GPU: {', '.join(GPUS)})")
+                          f"{', '.join(n for n in names if n not in optional)} (optional: {', '.join(sorted(optional))}; "
+                          f"or name a built-in GPU: {', '.join(GPUS)})")
     name = spec["name"]
     if not isinstance(name, str) or not name or "/" in name:
         raise ConfigError(f"{where}.name={name!r} must be a non-empty string without '/'")
     values: dict[str, Any] = {"name": name, "interconnect": spec["interconnect"]}
     for n in names:
-        if n in values:
+        if n in values or n not in spec:
             continue
         v = spec[n]
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{where}.{n}={v!r} must be a positive number")
+            raise ConfigError(f"{where}.{n}={v!r} must be a {'number >= 0' if n in optional else 'positive number'}")
         values[n] = float(v)
     try:
         gpu = GPUDatasheet(**values)

@@ -23,7 +23,11 @@ The result is the nine coefficients of the iteration-time contract (``latency.py
 ``t = base + token N + compute_token max(0, N - knee) + prefill_attn pairs + decode_seq B +
 decode_ctx S + cpu_base + cpu_seq n_seqs``. Because every matrix multiply has the same
 bytes-to-FLOPs ratio, the sum of their rooflines is one roofline with the knee
-``knee_tokens = dtype_bytes F e_f / (2 BW e_w)`` (independent of the model).
+``knee_tokens = dtype_bytes F e_f / (2 BW e_w)`` (independent of the model). FP8 weights
+(``architecture.quantization``) read 1 byte each and multiply at the FP8 peak where the GPU has
+one (``gemm_peak_flops``): the knee stays where it is on Hopper and Ada (half the bytes, twice the
+FLOPs) and halves on Ampere's weight-only kernels; the same efficiency factors apply (no FP8 run
+is in the fit).
 """
 
 from __future__ import annotations
@@ -108,8 +112,16 @@ def cpu_overhead(tp: int) -> tuple[float, float]:
 
 
 def gemm_weight_bytes(arch: ModelArchitecture, tp: int) -> float:
-    """Bytes of one layer's matrix-multiply weights on one GPU."""
-    return arch.linear_params_per_layer * arch.dtype_bytes / tp
+    """Bytes of one layer's matrix-multiply weights on one GPU (1 per weight in FP8)."""
+    return arch.linear_params_per_layer * arch.linear_weight_bytes / tp
+
+
+def gemm_peak_flops(arch: ModelArchitecture, gpu: GPUDatasheet) -> float:
+    """The tensor-core peak a layer's matrix multiplies run at: FP8 for FP8 weights on a GPU with
+    FP8 tensor cores, else FP16 (weight-only FP8 kernels dequantize to FP16 before the multiply)."""
+    if arch.quantization == "fp8" and gpu.fp8_flops > 0:
+        return gpu.fp8_flops
+    return gpu.fp16_flops
 
 
 def elementwise_bytes_per_token(arch: ModelArchitecture, tp: int) -> float:
@@ -129,7 +141,7 @@ def gemm_layer_s(arch: ModelArchitecture, gpu: GPUDatasheet, tp: int, tokens: fl
                  eff: Efficiency = CALIBRATED) -> float:
     """One layer's matrix multiplies for ``tokens`` tokens on one GPU (the roofline)."""
     read = gemm_weight_bytes(arch, tp) / (gpu.memory_bandwidth_bytes_s * eff.weight_bandwidth)
-    compute = 2 * arch.linear_params_per_layer / tp * tokens / (gpu.fp16_flops * eff.linear_flops)
+    compute = 2 * arch.linear_params_per_layer / tp * tokens / (gemm_peak_flops(arch, gpu) * eff.linear_flops)
     return GEMMS_PER_LAYER * eff.gemm_launch_s + max(read, compute)
 
 
@@ -165,7 +177,7 @@ def derive_fields(arch: ModelArchitecture, gpu: GPUDatasheet, tp: int = 1, eff: 
     arch.check_tensor_parallel(tp)
     bw, flops, layers, db = gpu.memory_bandwidth_bytes_s, gpu.fp16_flops, arch.num_layers, arch.dtype_bytes
     weight_read = layers * gemm_weight_bytes(arch, tp) / (bw * eff.weight_bandwidth)
-    compute_token = layers * 2 * arch.linear_params_per_layer / tp / (flops * eff.linear_flops)
+    compute_token = layers * 2 * arch.linear_params_per_layer / tp / (gemm_peak_flops(arch, gpu) * eff.linear_flops)
     launches = layers * (GEMMS_PER_LAYER * eff.gemm_launch_s + ELEMENTWISE_PER_LAYER * eff.elementwise_launch_s
                          + eff.attention_launch_s) + eff.elementwise_launch_s  # + embedding
     lm_head_read = (arch.vocab_size * arch.hidden_size * db / tp / (bw * eff.weight_bandwidth)) if lm_head else 0.0
