@@ -93,7 +93,7 @@ def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
     case (the weights' halved bytes and the FP8 GEMM rate come from ``engine.quantization``):
     duration and ITL within ~10%, TTFT short by 12-34% where prefill leans on the FP8 tensor
     cores (the fitted efficiency times the FP8 peak overstates them), and the closed loops'
-    TTFT tails as far off as in BF16. Read off the FP8 server's own lone requests, the weight-
+    TTFT tails off (+94% at 128/1,024 x 32) as in BF16. Read off the FP8 server's own lone requests, the weight-
     and KV-read factors agree with BF16's within 5%; the compute factor does not (1.17 vs 1.57)."""
     from llm_lb_gym.calibration.serving import evaluate, headline_errors
 
@@ -104,7 +104,7 @@ def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
     steady = [abs(r.errors[k]) for r in results for k in ("duration_s", "median_itl_ms")]
     assert max(steady) < 0.12, max(steady)
     ttft = sorted(r.errors["p95_ttft_ms"] for r in results)
-    assert ttft[len(ttft) // 2] < -0.05 and ttft[-1] > 1.0   # short on prefill; the lockstep tail
+    assert ttft[len(ttft) // 2] < -0.05 and ttft[-1] > 0.5   # short on prefill; the closed loops' tail
     errs = sorted(abs(v) for r in results for v in headline_errors(r).values())
     assert errs[len(errs) // 2] < 0.06
     own = fit_host([c for c in fp8 if is_reading(c)], corpus, ServingCalibration.shipped()).multipliers
@@ -191,3 +191,39 @@ def test_read_host_names_the_bad_option(tmp_path, bad, match):
     with pytest.raises(SystemExit, match="--model-config .*nowhere.json"):
         read_host.main(["--model-config", str(tmp_path / "nowhere.json"), "--gpu", "h100-80gb",
                         "--engine-version", "0.30.0", "--reading", "128,128,14,6"])
+
+
+def test_a_run_that_resends_the_last_run_s_prompts_finds_them_cached(corpus):
+    """``workload.resends``: silybench seeds repeat r of every point alike, so its 1,024/128 run
+    at 4 in flight sends the 50 prompts of the run at 1 again. The replay runs that loop first
+    and measures the second only: with vLLM's prefix caching the prompts are found cached and
+    the p95 TTFT falls to about a lone request's (measured 32.2 ms, the lone run 34.3); without
+    prefix caching the first loop changes nothing (the same figures as a fresh run)."""
+    from llm_lb_gym.calibration import replay as rp
+    from llm_lb_gym.calibration.serving import case_engine
+
+    case = next(c for c in _source(corpus, SILY) if c.id.endswith("prefill-1024-128-c4"))
+    w = case.workload
+    assert w.resends == f"{SILY}/prefill-1024-128-c1" and w.resend_concurrency == 1
+    fresh = dataclasses.replace(case, workload=dataclasses.replace(w, resends="", resend_concurrency=None))
+    engine = case_engine(case, corpus, ServingCalibration.shipped())
+    assert engine.enable_prefix_caching
+    warm, cold = rp.replay(case, engine).figures, rp.replay(fresh, engine).figures
+    assert warm["p95_ttft_ms"] < 0.4 * cold["p95_ttft_ms"] and warm["duration_s"] < cold["duration_s"]
+    no_pc = dataclasses.replace(engine, enable_prefix_caching=False)
+    a, b = rp.replay(case, no_pc).figures, rp.replay(fresh, no_pc).figures
+    assert a == pytest.approx(b, rel=1e-6)
+
+
+def test_resends_must_name_an_earlier_run_of_the_same_shape(tmp_path):
+    from llm_lb_gym.calibration.corpus import CORPUS_PATH
+
+    raw = json.loads(CORPUS_PATH.read_text())
+    case = next(c for c in raw["cases"] if c["id"] == f"{SILY}/prefill-1024-128-c4")
+    for bad, match in ((f"{SILY}/nowhere", "is not a case id of the corpus"),
+                       (f"{SILY}/chat-128-128-c1", "the same number and shape of requests")):
+        case["workload"]["resends"] = bad
+        path = tmp_path / f"corpus{len(bad)}.json"
+        path.write_text(json.dumps(raw))
+        with pytest.raises(ValueError, match=f"prefill-1024-128-c4'.*workload.resends={bad!r}.*{match}"):
+            load_corpus(path)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,13 @@ class Workload:
     seeds: tuple[int, ...] = ()
     """``poisson``: the client's seeds (one run each); the measured figures are their mean and
     the simulated ones the mean over as many seeded arrival sequences."""
+    resends: str = ""
+    """The id of the case run just before on the same server whose prompts this run sends again,
+    in order (the client's dataset drawn with the same seed and count): they sit in vLLM's
+    prefix cache when this run starts. The replay runs that case's closed loop first, with the
+    same prompt hashes, and measures this one only (``replay.py``). Empty: fresh prompts."""
+    resend_concurrency: int | None = None
+    """The earlier case's concurrency (set by :func:`load_corpus` from ``resends``)."""
 
 
 @dataclass(frozen=True)
@@ -132,10 +139,25 @@ def _case(raw: dict, sources: dict, models: dict) -> Case:
                 workload=Workload(w["kind"], int(w["num_requests"]), int(w["prompt_tokens"]), int(w["output_tokens"]),
                                   w.get("concurrency"), w.get("shape_note", ""), float(w.get("length_spread", 0.0)),
                                   float(w["rate_rps"]) if w.get("rate_rps") else None,
-                                  tuple(int(x) for x in w.get("seeds", ()))),
+                                  tuple(int(x) for x in w.get("seeds", ())), str(w.get("resends", ""))),
                 measured={k: float(v) for k, v in raw["measured"].items() if k in METRICS},
                 engine_options=dict(raw.get("engine_options", {})), server_flags=raw.get("server_flags", ""),
                 client=raw.get("client", ""))
+
+
+def _resolve_resend(case: Case, by_id: dict[str, Case]) -> Case:
+    """``case`` with ``resend_concurrency`` set from the case it names in ``resends``, which must
+    be a closed loop of the same source sending the same number of requests of the same shape."""
+    w = case.workload
+    prev = by_id.get(w.resends)
+    where = f"corpus case {case.id!r}: workload.resends={w.resends!r}"
+    if prev is None:
+        raise ValueError(f"{where} is not a case id of the corpus")
+    pw = prev.workload
+    if (prev.source != case.source or pw.kind != "closed" or w.kind != "closed"
+            or (pw.num_requests, pw.prompt_tokens, pw.output_tokens) != (w.num_requests, w.prompt_tokens, w.output_tokens)):
+        raise ValueError(f"{where}: both must be closed loops of one source with the same number and shape of requests")
+    return replace(case, workload=replace(w, resend_concurrency=int(pw.concurrency)))
 
 
 @lru_cache(maxsize=4)
@@ -147,4 +169,6 @@ def load_corpus(path: Path = CORPUS_PATH) -> Corpus:
     ids = [c.id for c in cases]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate case ids")
+    by_id = {c.id: c for c in cases}
+    cases = tuple(_resolve_resend(c, by_id) if c.workload.resends else c for c in cases)
     return Corpus(cases, models, sources, raw["split_rule"])

@@ -15,7 +15,10 @@ prefill-only iteration between them), the engine-side gap, without the frontend'
 
 Closed loop: after each instance iteration (or frontend event), responses that ended by then
 release the next sends at that instant, so a send lags the response end it waits for by at most
-the float noise of the event times.
+the float noise of the event times. A run that re-sends an earlier run's prompts
+(``Workload.resends``: the client's dataset drawn again with the same seed and count) is
+replayed after that run's loop on the same engine, the prompts carrying the same hash chains,
+so with prefix caching they are found cached as vLLM finds them; only the second loop is measured.
 """
 
 from __future__ import annotations
@@ -64,9 +67,12 @@ def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> floa
     return float(values[min(int(np.searchsorted(cum, q * cum[-1], side="left")), len(values) - 1)])
 
 
-def _figures(table: RequestTable, start_s: float | None = None, gap_log=None) -> dict[str, float]:
+def _figures(table: RequestTable, start_s: float | None = None, gap_log=None, rows=None) -> dict[str, float]:
+    """The client's figures over ``rows`` (default: every request) that finished."""
     st = np.fromiter(table.status, np.int64, table.n)
     fin = st == Status.FINISHED
+    if rows is not None:
+        fin &= np.isin(np.arange(table.n), rows)
     arr = np.asarray(table.arrival_s)[fin]
     first = np.asarray(table.first_token_s)[fin]
     end = np.asarray(table.finish_s)[fin]
@@ -101,6 +107,11 @@ def replay(case: Case, engine: EngineConfig) -> Replay:
                       sum(sum(t.preemptions) for t, _ in runs), sum(c.n_rejected for _, c in runs))
     if w.kind == "batch":
         table, cluster = _open_loop(np.zeros(n), p, d, engine)
+    elif w.resends:
+        table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine, warm_concurrency=int(w.resend_concurrency))
+        measured = np.arange(n, 2 * n)
+        return Replay(_figures(table, gap_log=cluster.engines[0].gap_log, rows=measured),
+                      sum(table.preemptions[n:]), cluster.n_rejected)
     else:
         table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine)
     return Replay(_figures(table, gap_log=cluster.engines[0].gap_log), sum(table.preemptions), cluster.n_rejected)
@@ -157,16 +168,32 @@ def _ended(table: RequestTable, rid: int, T: float) -> bool:
     return table.finish_s[rid] <= T
 
 
-def _closed_loop(n: int, c: int, p, d, engine: EngineConfig):
-    """``c`` requests in flight; each response end sends the next request at that instant."""
+def _closed_loop(n: int, c: int, p, d, engine: EngineConfig, warm_concurrency: int | None = None):
+    """``c`` requests in flight; each response end sends the next request at that instant.
+
+    ``warm_concurrency``: first the same ``n`` prompts in a closed loop of that many (an earlier
+    run whose prompts this one sends again, ``Workload.resends``), then, once all of them ended,
+    the measured loop (requests ``n .. 2n - 1``): request ``n + i`` carries the prompt hashes of
+    request ``i``, so with prefix caching its prompt is found cached as vLLM would find it."""
     inf = math.inf
-    arrival = [0.0] * min(c, n) + [inf] * max(n - c, 0)
-    table = RequestTable(arrival, p, d, d)
+    phases = [(0, c)] if warm_concurrency is None else [(0, warm_concurrency), (n, c)]
+    total = n * len(phases)
+    hashes = None
+    if warm_concurrency is not None:
+        H = engine.block_size
+        one = [tuple(i * 1_000_000 + b for b in range(int(p[i]) // H)) for i in range(n)]
+        hashes, p, d = one + one, np.concatenate([p, p]), np.concatenate([d, d])
+    first, c0 = phases[0]
+    arrival = [inf] * total
+    for i in range(min(c0, n)):
+        arrival[i] = 0.0
+    table = RequestTable(arrival, p, d, d, prefix_hashes=hashes, hash_block_tokens=engine.block_size if hashes else 0)
     cluster = Cluster(ClusterConfig(num_instances=1, engine=engine), table)
     eng = cluster.engines[0]
     eng.record_token_gaps()
     fe = eng.fe
-    sent = min(c, n)
+    phase = 0
+    sent, end = min(c0, n), n
     inflight = list(range(sent))
     T = 0.0
     while True:
@@ -178,13 +205,23 @@ def _closed_loop(n: int, c: int, p, d, engine: EngineConfig):
         still = []
         for rid in inflight:
             if _ended(table, rid, T):
-                if sent < n:
+                if sent < end:
                     table.arrival_s[sent] = T
                     still.append(sent)
                     sent += 1
             else:
                 still.append(rid)
         inflight = still
+        if not inflight and phase + 1 < len(phases):   # the next client run starts
+            phase += 1
+            start, cp = phases[phase]
+            end = start + n
+            eng.record_token_gaps()   # the measured run's token gaps only
+            inflight = list(range(start, start + min(cp, n)))
+            for rid in inflight:
+                table.arrival_s[rid] = T
+            sent = start + len(inflight)
+            continue
         if not inflight:
             break
         if cluster.next_arrival_s <= T:
