@@ -227,3 +227,21 @@ def test_resends_must_name_an_earlier_run_of_the_same_shape(tmp_path):
         path.write_text(json.dumps(raw))
         with pytest.raises(ValueError, match=f"prefill-1024-128-c4'.*workload.resends={bad!r}.*{match}"):
             load_corpus(path)
+
+
+@pytest.mark.parametrize("src,median", [(SILY, 0.0555), (SILY + "-fp8", 0.0600)])
+def test_two_lone_requests_a_short_and_a_long_one_read_the_host(corpus, src, median):
+    """What ``read_host``'s help suggests a user send: one short (128/128) and one long
+    (8,192/512) request alone. On silybench they read the host nearly as all five shapes do:
+    the other 28 cases' median error 5.5% (BF16) / 6.0% (FP8), against 3.9% / 5.8% for the
+    25 loaded cases after five readings (docs/calibration.md)."""
+    from llm_lb_gym.calibration.serving import evaluate, headline_errors
+
+    cases = _source(corpus, src)
+    two = [c for c in cases if c.id.endswith(("/chat-128-128-c1", "/longctx-8192-512-c1"))]
+    assert len(two) == 2
+    host = fit_host(two, corpus, ServingCalibration.shipped())
+    assert set(host.multipliers) == {"frontend", "bandwidth", "compute", "kv_bandwidth"}
+    errs = sorted(abs(v) for r in evaluate([c for c in cases if c not in two], corpus, host.calibration)
+                  for v in headline_errors(r).values())
+    assert len(errs) == 84 and errs[len(errs) // 2] == pytest.approx(median, abs=0.002)
