@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 
 import pytest
 
@@ -81,7 +82,7 @@ def test_silybench_read_off_its_lone_requests_predicts_its_loaded_decode(corpus,
     steady_before = [abs(c["errors"][k]) for c in before if c["id"] in s["after_cases"]
                      for k in ("duration_s", "median_itl_ms")]
     assert sorted(steady)[len(steady) // 2] < 0.05 < 0.2 < sorted(steady_before)[len(steady_before) // 2]
-    assert max(abs(e["p95_ttft_ms"]) for e in s["after_cases"].values()) > 1.0   # the lockstep tail, reported
+    assert max(abs(e["p95_ttft_ms"]) for e in s["after_cases"].values()) > 0.5   # the closed loops' tail, reported
     l4 = report["sources"]["wmx-l4-qwen2.5-0.5b"]
     assert l4["after"]["max"] > l4["before"]["max"]
     assert report["held_out/gpu-bound"]["after"]["figures"] == 165
@@ -91,7 +92,7 @@ def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
     """silybench ran Qwen3-8B in BF16 and with ``--quantization fp8`` on one host (the corpus's
     ``host``). Read off the BF16 server's lone requests, the host's constants predict every FP8
     case (the weights' halved bytes and the FP8 GEMM rate come from ``engine.quantization``):
-    duration and ITL within ~10%, TTFT short by 12-34% where prefill leans on the FP8 tensor
+    duration and ITL within 13%, TTFT short (12-34%, to -56% where most prompts are cached) where prefill leans on the FP8 tensor
     cores (the fitted efficiency times the FP8 peak overstates them), and the closed loops'
     TTFT tails off (+94% at 128/1,024 x 32) as in BF16. Read off the FP8 server's own lone requests, the weight-
     and KV-read factors agree with BF16's within 5%; the compute factor does not (1.17 vs 1.57)."""
@@ -102,7 +103,7 @@ def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
     host = fit_host(bf16, corpus, ServingCalibration.shipped())
     results = evaluate(fp8, corpus, host.calibration)
     steady = [abs(r.errors[k]) for r in results for k in ("duration_s", "median_itl_ms")]
-    assert max(steady) < 0.12, max(steady)
+    assert max(steady) < 0.13, max(steady)
     ttft = sorted(r.errors["p95_ttft_ms"] for r in results)
     assert ttft[len(ttft) // 2] < -0.05 and ttft[-1] > 0.5   # short on prefill; the closed loops' tail
     errs = sorted(abs(v) for r in results for v in headline_errors(r).values())
@@ -204,8 +205,9 @@ def test_a_run_that_resends_the_last_run_s_prompts_finds_them_cached(corpus):
 
     case = next(c for c in _source(corpus, SILY) if c.id.endswith("prefill-1024-128-c4"))
     w = case.workload
-    assert w.resends == f"{SILY}/prefill-1024-128-c1" and w.resend_concurrency == 1
-    fresh = dataclasses.replace(case, workload=dataclasses.replace(w, resends="", resend_concurrency=None))
+    assert w.resends == f"{SILY}/prefill-1024-128-c1" and (w.resend_concurrency, w.resend_requests) == (1, 50)
+    fresh = dataclasses.replace(case, workload=dataclasses.replace(w, resends="", resend_concurrency=None,
+                                                                   resend_requests=None))
     engine = case_engine(case, corpus, ServingCalibration.shipped())
     assert engine.enable_prefix_caching
     warm, cold = rp.replay(case, engine).figures, rp.replay(fresh, engine).figures
@@ -221,7 +223,7 @@ def test_resends_must_name_an_earlier_run_of_the_same_shape(tmp_path):
     raw = json.loads(CORPUS_PATH.read_text())
     case = next(c for c in raw["cases"] if c["id"] == f"{SILY}/prefill-1024-128-c4")
     for bad, match in ((f"{SILY}/nowhere", "is not a case id of the corpus"),
-                       (f"{SILY}/chat-128-128-c1", "the same number and shape of requests")):
+                       (f"{SILY}/chat-128-128-c1", "requests of the same shape, the earlier one at most as many")):
         case["workload"]["resends"] = bad
         path = tmp_path / f"corpus{len(bad)}.json"
         path.write_text(json.dumps(raw))
@@ -229,11 +231,11 @@ def test_resends_must_name_an_earlier_run_of_the_same_shape(tmp_path):
             load_corpus(path)
 
 
-@pytest.mark.parametrize("src,median,largest", [(SILY, 0.0555, 1.637), (SILY + "-fp8", 0.0600, 1.188)])
+@pytest.mark.parametrize("src,median,largest", [(SILY, 0.0492, 0.991), (SILY + "-fp8", 0.0572, 1.227)])
 def test_two_lone_requests_a_short_and_a_long_one_read_the_host(corpus, src, median, largest):
     """What ``read_host``'s help suggests a user send: one short (128/128) and one long
     (8,192/512) request alone. On silybench they read the host nearly as all five shapes do:
-    the other 28 cases' median error 5.5% (BF16) / 6.0% (FP8), against 3.9% / 5.8% for the
+    the other 28 cases' median error 4.9% (BF16) / 5.7% (FP8), against 3.6% / 5.4% for the
     25 loaded cases after five readings (docs/calibration.md)."""
     from llm_lb_gym.calibration.serving import evaluate, headline_errors
 
@@ -244,5 +246,5 @@ def test_two_lone_requests_a_short_and_a_long_one_read_the_host(corpus, src, med
     assert set(host.multipliers) == {"frontend", "bandwidth", "compute", "kv_bandwidth"}
     errs = sorted(abs(v) for r in evaluate([c for c in cases if c not in two], corpus, host.calibration)
                   for v in headline_errors(r).values())
-    assert len(errs) == 84 and errs[len(errs) // 2] == pytest.approx(median, abs=0.002)
-    assert errs[-1] == pytest.approx(largest, abs=0.005)   # a closed loop's TTFT tail at 16-32 in flight
+    assert len(errs) == 84 and statistics.median(errs) == pytest.approx(median, abs=0.002)
+    assert errs[-1] == pytest.approx(largest, abs=0.005)   # a closed loop's TTFT tail (128/1,024 x 32)

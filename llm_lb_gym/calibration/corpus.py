@@ -59,12 +59,15 @@ class Workload:
     """``poisson``: the client's seeds (one run each); the measured figures are their mean and
     the simulated ones the mean over as many seeded arrival sequences."""
     resends: str = ""
-    """The id of the case run just before on the same server whose prompts this run sends again,
-    in order (the client's dataset drawn with the same seed and count): they sit in vLLM's
-    prefix cache when this run starts. The replay runs that case's closed loop first, with the
-    same prompt hashes, and measures this one only (``replay.py``). Empty: fresh prompts."""
+    """The id of the case run just before on the same server whose prompts are this run's first
+    ones, in order (the client's dataset drawn with the same seed: ``vllm bench serve``'s random
+    prompt i does not depend on the count): they sit in vLLM's prefix cache when this run
+    starts. The replay runs that case's closed loop first, with the same prompt hashes, and
+    measures this one only (``replay.py``). Empty: fresh prompts."""
     resend_concurrency: int | None = None
     """The earlier case's concurrency (set by :func:`load_corpus` from ``resends``)."""
+    resend_requests: int | None = None
+    """The earlier case's number of requests (set by :func:`load_corpus`; at most this run's)."""
 
 
 @dataclass(frozen=True)
@@ -146,18 +149,20 @@ def _case(raw: dict, sources: dict, models: dict) -> Case:
 
 
 def _resolve_resend(case: Case, by_id: dict[str, Case]) -> Case:
-    """``case`` with ``resend_concurrency`` set from the case it names in ``resends``, which must
-    be a closed loop of the same source sending the same number of requests of the same shape."""
+    """``case`` with ``resend_concurrency`` and ``resend_requests`` set from the case it names in
+    ``resends``, which must be a closed loop of the same source sending at most as many requests
+    of the same shape."""
     w = case.workload
     prev = by_id.get(w.resends)
     where = f"corpus case {case.id!r}: workload.resends={w.resends!r}"
     if prev is None:
         raise ValueError(f"{where} is not a case id of the corpus")
     pw = prev.workload
-    if (prev.source != case.source or pw.kind != "closed" or w.kind != "closed"
-            or (pw.num_requests, pw.prompt_tokens, pw.output_tokens) != (w.num_requests, w.prompt_tokens, w.output_tokens)):
-        raise ValueError(f"{where}: both must be closed loops of one source with the same number and shape of requests")
-    return replace(case, workload=replace(w, resend_concurrency=int(pw.concurrency)))
+    if (prev.source != case.source or pw.kind != "closed" or w.kind != "closed" or pw.num_requests > w.num_requests
+            or (pw.prompt_tokens, pw.output_tokens) != (w.prompt_tokens, w.output_tokens)):
+        raise ValueError(f"{where}: both must be closed loops of one source with requests of the same shape, the "
+                         f"earlier one at most as many")
+    return replace(case, workload=replace(w, resend_concurrency=int(pw.concurrency), resend_requests=pw.num_requests))
 
 
 @lru_cache(maxsize=4)

@@ -108,10 +108,10 @@ def replay(case: Case, engine: EngineConfig) -> Replay:
     if w.kind == "batch":
         table, cluster = _open_loop(np.zeros(n), p, d, engine)
     elif w.resends:
-        table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine, warm_concurrency=int(w.resend_concurrency))
-        measured = np.arange(n, 2 * n)
-        return Replay(_figures(table, gap_log=cluster.engines[0].gap_log, rows=measured),
-                      sum(table.preemptions[n:]), cluster.n_rejected)
+        k = int(w.resend_requests)
+        table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine, warm=(k, int(w.resend_concurrency)))
+        return Replay(_figures(table, gap_log=cluster.engines[0].gap_log, rows=np.arange(k, k + n)),
+                      sum(table.preemptions[k:]), cluster.n_rejected)
     else:
         table, cluster = _closed_loop(n, int(w.concurrency), p, d, engine)
     return Replay(_figures(table, gap_log=cluster.engines[0].gap_log), sum(table.preemptions), cluster.n_rejected)
@@ -168,24 +168,25 @@ def _ended(table: RequestTable, rid: int, T: float) -> bool:
     return table.finish_s[rid] <= T
 
 
-def _closed_loop(n: int, c: int, p, d, engine: EngineConfig, warm_concurrency: int | None = None):
+def _closed_loop(n: int, c: int, p, d, engine: EngineConfig, warm: tuple[int, int] | None = None):
     """``c`` requests in flight; each response end sends the next request at that instant.
 
-    ``warm_concurrency``: first the same ``n`` prompts in a closed loop of that many (an earlier
-    run whose prompts this one sends again, ``Workload.resends``), then, once all of them ended,
-    the measured loop (requests ``n .. 2n - 1``): request ``n + i`` carries the prompt hashes of
-    request ``i``, so with prefix caching its prompt is found cached as vLLM would find it."""
+    ``warm = (k, c0)``: first the first ``k`` of the ``n`` prompts in a closed loop of ``c0`` (an
+    earlier run whose prompts are this one's first, ``Workload.resends``), then, once all of them
+    ended, the measured loop (requests ``k .. k + n - 1``): request ``k + i`` carries the prompt
+    hashes of request ``i`` for ``i < k``, so with prefix caching those prompts are found cached
+    as vLLM would find them, and fresh ones after."""
     inf = math.inf
-    phases = [(0, c)] if warm_concurrency is None else [(0, warm_concurrency), (n, c)]
-    total = n * len(phases)
+    k, c0 = warm if warm is not None else (n, c)
+    phases = [(0, k, c0)] if warm is None else [(0, k, c0), (k, n, c)]
+    total = sum(m for _, m, _ in phases)
     hashes = None
-    if warm_concurrency is not None:
+    if warm is not None:
         H = engine.block_size
         one = [tuple(i * 1_000_000 + b for b in range(int(p[i]) // H)) for i in range(n)]
-        hashes, p, d = one + one, np.concatenate([p, p]), np.concatenate([d, d])
-    first, c0 = phases[0]
+        hashes, p, d = one[:k] + one, np.concatenate([p[:k], p]), np.concatenate([d[:k], d])
     arrival = [inf] * total
-    for i in range(min(c0, n)):
+    for i in range(min(c0, k)):
         arrival[i] = 0.0
     table = RequestTable(arrival, p, d, d, prefix_hashes=hashes, hash_block_tokens=engine.block_size if hashes else 0)
     cluster = Cluster(ClusterConfig(num_instances=1, engine=engine), table)
@@ -193,7 +194,7 @@ def _closed_loop(n: int, c: int, p, d, engine: EngineConfig, warm_concurrency: i
     eng.record_token_gaps()
     fe = eng.fe
     phase = 0
-    sent, end = min(c0, n), n
+    sent, end = min(c0, k), k
     inflight = list(range(sent))
     T = 0.0
     while True:
@@ -214,10 +215,10 @@ def _closed_loop(n: int, c: int, p, d, engine: EngineConfig, warm_concurrency: i
         inflight = still
         if not inflight and phase + 1 < len(phases):   # the next client run starts
             phase += 1
-            start, cp = phases[phase]
-            end = start + n
+            start, m, cp = phases[phase]
+            end = start + m
             eng.record_token_gaps()   # the measured run's token gaps only
-            inflight = list(range(start, start + min(cp, n)))
+            inflight = list(range(start, start + min(cp, m)))
             for rid in inflight:
                 table.arrival_s[rid] = T
             sent = start + len(inflight)
