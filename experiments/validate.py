@@ -120,6 +120,11 @@ def before_calibration():
                                                                                   "async_scheduling": False})
 
 
+def _stats(summary_: tuple[float, float, int]) -> dict:
+    """:func:`summary`'s (median, max, figures) as the JSON report holds it."""
+    return dict(zip(("median", "max", "figures"), summary_))
+
+
 def readings_report(results, corpus, cal, headline_errors) -> dict:
     """``--readings``: per source with lone-request cases, its host's constants read off them
     (``host_readings.fit_host``) and its other cases judged before and after; then per split."""
@@ -151,8 +156,8 @@ def readings_report(results, corpus, cal, headline_errors) -> dict:
         print(f"  {'':<49}largest after: " + "; ".join(f"{i.split('/', 1)[1]} {k} {v:+.0%}" for _, i, k, v in worst))
         out["sources"][src] = {"readings": [c.id for c in readings], "multipliers": host.multipliers,
                                "reading_residuals": host.residuals,
-                               "before": dict(zip(("median", "max", "figures"), b)),
-                               "after": dict(zip(("median", "max", "figures"), a)),
+                               "before": _stats(b),
+                               "after": _stats(a),
                                "after_cases": {r.case.id: r.errors for r in after}}
         pb, pa = pooled.setdefault(rs[0].case.split, ([], []))
         pb += gb_before
@@ -177,13 +182,13 @@ def readings_report(results, corpus, cal, headline_errors) -> dict:
                 print(f"  {'':<49}{'':<13}{b[0]:>7.1%} / {b[1]:>6.1%} -> {a[0]:>6.1%} / {a[1]:>6.1%}  ({a[2]} figures)")
                 out.setdefault("same_host", {})[f"{read_src} -> {src}"] = {
                     "host": host_id, "multipliers": host.multipliers,
-                    "before": dict(zip(("median", "max", "figures"), b)),
-                    "after": dict(zip(("median", "max", "figures"), a)),
+                    "before": _stats(b),
+                    "after": _stats(a),
                     "after_cases": {r.case.id: r.errors for r in after}}
     for split, (pb, pa) in sorted(pooled.items()):
         b, a = summary(pb, headline_errors), summary(pa, headline_errors)
-        out[f"{split}/gpu-bound"] = {"before": dict(zip(("median", "max", "figures"), b)),
-                                     "after": dict(zip(("median", "max", "figures"), a))}
+        out[f"{split}/gpu-bound"] = {"before": _stats(b),
+                                     "after": _stats(a)}
         print(f"  {split + ', gpu-bound, other cases of hosts read':<49}{'':<13}{b[0]:>7.1%} / {b[1]:>6.1%} -> "
               f"{a[0]:>6.1%} / {a[1]:>6.1%}  ({a[2]} figures)")
     return out
