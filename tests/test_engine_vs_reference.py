@@ -157,19 +157,21 @@ def _assert_same_client_times(table, ok, ref):
 @given(seed=st.integers(0, 10_000), chunked=st.booleans(), chunk_alloc=st.booleans(), blocks=st.integers(12, 80),
        max_seqs=st.integers(1, 8), fast=st.booleans(), rate=st.sampled_from([5.0, 20.0, 200.0]),
        scheduler=st.sampled_from(["fcfs", "least_work_left"]), input_workers=st.sampled_from([0, 0, 1, 2]),
-       wake=st.booleans(), async_scheduling=st.booleans())
+       wake=st.booleans(), async_scheduling=st.booleans(), per_token=st.sampled_from([2e-4, 2e-4, 3e-3]))
 def test_engine_with_frontend_matches_reference(seed, chunked, chunk_alloc, blocks, max_seqs, fast, rate, scheduler,
-                                                input_workers, wake, async_scheduling):
+                                                input_workers, wake, async_scheduling, per_token):
     """The frontend (sim/frontend.py) in front of the engine: the engine with its virtual-time
     processor sharing against the reference's literal one, from light load (the frontend only
     delays) to a burst that queues in it (rate 200/s: its input work alone is ~2-8 ms), with
     every input at once or one or two at a time (``input_workers``), with or without the extra
     delay of a server woken from idleness (``wake_s``), scheduling synchronously or one step
-    ahead (``async_scheduling``: what leaves the frontend waits one iteration more)."""
+    ahead (``async_scheduling``: what leaves the frontend waits one iteration more), with the
+    streamed tokens' output work within the CPU or beyond it (``per_token`` 3 ms: 8 tokens of a
+    ~10 ms iteration leave a backlog, output_stream.py)."""
     from llm_lb_gym.sim.frontend import FrontendModel
 
     max_len = 120
-    fe = FrontendModel(delay_s=3e-3, request_s=2e-3, prompt_token_s=1e-4, first_token_s=5e-4, output_token_s=2e-4,
+    fe = FrontendModel(delay_s=3e-3, request_s=2e-3, prompt_token_s=1e-4, first_token_s=5e-4, output_token_s=per_token,
                        input_workers=input_workers, wake_s=((0.01, 1e-3), (0.2, 8e-3), (1.0, 2e-2)) if wake else ())
     cfg = EngineConfig(block_size=4, num_kv_blocks=blocks, max_num_seqs=max_seqs,
                        max_num_batched_tokens=max(32, max_seqs) if chunked else max_len,

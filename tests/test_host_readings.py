@@ -62,9 +62,10 @@ def test_silybench_read_off_its_lone_requests_predicts_its_loaded_decode(corpus,
     """silybench's five lone-request cases (one per shape) pin its host: a frontend ~5x lighter
     than kvcached's, prefill ~1.6x and KV reads ~1.8x faster than GPUStack's H100 pages imply.
     With them, the durations and ITLs of its 25 loaded cases (4 to 64 in flight) come within
-    ~10% where the shipped constants are 20-80% slow; the closed loops' TTFT tails stay far off
-    (identical requests in simulated lockstep), and the L4's TTFT under load gets worse: lone
-    requests cannot show the API server's CPU shared by many streams."""
+    ~10% where the shipped constants are 20-80% slow, and every p95 TTFT within 20% (the closed
+    loops of 128/1,024 at 16-64 in flight were +29% .. +90% while the streamed tokens' output
+    work ran as one job per request from its first token: sim/output_stream.py); the L4's TTFT
+    under load gets worse: lone requests cannot show the API server's CPU shared by many streams."""
     from llm_lb_gym.experiments import validate
 
     out = tmp_path / "readings.json"
@@ -82,7 +83,7 @@ def test_silybench_read_off_its_lone_requests_predicts_its_loaded_decode(corpus,
     steady_before = [abs(c["errors"][k]) for c in before if c["id"] in s["after_cases"]
                      for k in ("duration_s", "median_itl_ms")]
     assert sorted(steady)[len(steady) // 2] < 0.05 < 0.2 < sorted(steady_before)[len(steady_before) // 2]
-    assert max(abs(e["p95_ttft_ms"]) for e in s["after_cases"].values()) > 0.5   # the closed loops' tail, reported
+    assert max(abs(e["p95_ttft_ms"]) for e in s["after_cases"].values()) < 0.2
     l4 = report["sources"]["wmx-l4-qwen2.5-0.5b"]
     assert l4["after"]["max"] > l4["before"]["max"]
     assert report["held_out/gpu-bound"]["after"]["figures"] == 165
@@ -92,9 +93,9 @@ def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
     """silybench ran Qwen3-8B in BF16 and with ``--quantization fp8`` on one host (the corpus's
     ``host``). Read off the BF16 server's lone requests, the host's constants predict every FP8
     case (the weights' halved bytes and the FP8 GEMM rate come from ``engine.quantization``):
-    duration and ITL within 13%, TTFT short (12-34%, to -56% where most prompts are cached) where prefill leans on the FP8 tensor
-    cores (the fitted efficiency times the FP8 peak overstates them), and the closed loops'
-    TTFT tails off (+94% at 128/1,024 x 32) as in BF16. Read off the FP8 server's own lone requests, the weight-
+    duration and ITL within 13%, TTFT short (median -18%, to -46% where most prompts are cached)
+    where prefill leans on the FP8 tensor cores (the fitted efficiency times the FP8 peak
+    overstates them), none long. Read off the FP8 server's own lone requests, the weight-
     and KV-read factors agree with BF16's within 5%; the compute factor does not (1.17 vs 1.57)."""
     from llm_lb_gym.calibration.serving import evaluate, headline_errors
 
@@ -105,7 +106,7 @@ def test_a_host_read_off_bf16_lone_requests_predicts_its_fp8_server(corpus):
     steady = [abs(r.errors[k]) for r in results for k in ("duration_s", "median_itl_ms")]
     assert max(steady) < 0.13, max(steady)
     ttft = sorted(r.errors["p95_ttft_ms"] for r in results)
-    assert ttft[len(ttft) // 2] < -0.05 and ttft[-1] > 0.5   # short on prefill; the closed loops' tail
+    assert ttft[len(ttft) // 2] < -0.05 and ttft[-1] < 0.05   # short on prefill, none long
     errs = sorted(abs(v) for r in results for v in headline_errors(r).values())
     assert errs[len(errs) // 2] < 0.06
     own = fit_host([c for c in fp8 if is_reading(c)], corpus, ServingCalibration.shipped()).multipliers
@@ -231,12 +232,13 @@ def test_resends_must_name_an_earlier_run_of_the_same_shape(tmp_path):
             load_corpus(path)
 
 
-@pytest.mark.parametrize("src,median,largest", [(SILY, 0.0492, 0.991), (SILY + "-fp8", 0.0572, 1.227)])
+@pytest.mark.parametrize("src,median,largest", [(SILY, 0.0354, 0.198), (SILY + "-fp8", 0.0571, 0.391)])
 def test_two_lone_requests_a_short_and_a_long_one_read_the_host(corpus, src, median, largest):
     """What ``read_host``'s help suggests a user send: one short (128/128) and one long
     (8,192/512) request alone. On silybench they read the host nearly as all five shapes do:
-    the other 28 cases' median error 4.9% (BF16) / 5.7% (FP8), against 3.6% / 5.4% for the
-    25 loaded cases after five readings (docs/calibration.md)."""
+    the other 28 cases' median error 3.5% (BF16) / 5.7% (FP8), max 19.8% / 39.1%, against
+    3.6% / 4.5% (max 18.7% / 40.0%) for the 25 loaded cases after five readings
+    (docs/calibration.md)."""
     from llm_lb_gym.calibration.serving import evaluate, headline_errors
 
     cases = _source(corpus, src)
@@ -247,4 +249,4 @@ def test_two_lone_requests_a_short_and_a_long_one_read_the_host(corpus, src, med
     errs = sorted(abs(v) for r in evaluate([c for c in cases if c not in two], corpus, host.calibration)
                   for v in headline_errors(r).values())
     assert len(errs) == 84 and statistics.median(errs) == pytest.approx(median, abs=0.002)
-    assert errs[-1] == pytest.approx(largest, abs=0.005)   # a closed loop's TTFT tail (128/1,024 x 32)
+    assert errs[-1] == pytest.approx(largest, abs=0.005)   # a p95 TTFT: 1,024/128 x 64 (BF16), x 16 cached (FP8)

@@ -26,7 +26,7 @@ cdef class Engine:
     cdef public Scheduler sched
     cdef public ProgressSums progress
     cdef public double _st_t0, _st_a, _st_c, _st_n, _st_t_last
-    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode, fe_wake, asynch
+    cdef public bint fast, check, chunked, chunk_alloc, _blocked, _plan_dirty, count_mode, fe_wake, fe_out, asynch
     cdef public object table, latency
     cdef public dict running
     cdef public list prefilling, fin_heap, phase_cnt

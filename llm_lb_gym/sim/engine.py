@@ -107,6 +107,9 @@ class Engine:
         # the waiting queue at once (every preset without ``engine.frontend``).
         self.fe = Frontend(cfg.frontend_model, table) if cfg.frontend_model is not None else None
         self.fe_wake = self.fe is not None and bool(cfg.frontend_model.wake_s)
+        # Its output work (``FrontendModel.output_token_s``) streams with the decode iterations:
+        # each run of them is reported as it is run (``Frontend.stream``), beside the token gaps.
+        self.fe_out = self.fe is not None and cfg.frontend_model.output_token_s > 0.0
         self.fe_count = 0       # requests in the frontend's input stage
         self.fe_next = INF      # no input completes before this (INF: none in the frontend)
         # Token gaps (opt-in, ``record_token_gaps``): runs of decode iterations as (a, c, j0, j1,
@@ -260,6 +263,8 @@ class Engine:
                     t = t0 + k * a + c * k * (k - 1) / 2
             if self.gap_log is not None:
                 self._log_gaps(a, c, self.G - G0, k, self.B)
+            if self.fe_out:
+                self.fe.stream(t0, a, c, self.G - G0, k, self.B)
             self.n_iterations += G0 + k - self.G
             self.G = G0 + k
             self.t = t
@@ -329,6 +334,8 @@ class Engine:
         (``t = _st_t0 + k a + c k (k - 1) / 2`` with ``k = G - _st_G0``; ``penalty.py``)."""
         if self.gap_log is not None:
             self._log_gaps(self._st_a, self._st_c, self.G - self._st_G0, G - self._st_G0, self.B)
+        if self.fe_out:
+            self.fe.stream(self._st_t0, self._st_a, self._st_c, self.G - self._st_G0, G - self._st_G0, self.B)
         self.n_iterations += G - self.G
         self.G = G
         self.t = t
@@ -724,6 +731,8 @@ class Engine:
         if self.B:
             if self.gap_log is not None:
                 self._log_gaps(dur, 0.0, 0, 1, self.B)
+            if self.fe_out:
+                self.fe.stream(s, dur, 0.0, 0, 1, self.B)
             self.G += 1
             self._used_G = self.G   # this iteration's blocks were allocated explicitly
             self._end_decode()
@@ -819,6 +828,8 @@ class Engine:
                 dur = self.timing.decode_s(self.B, self.S_at + self.B * (G - self.G_S))
                 if self.gap_log is not None:
                     self._log_gaps(dur, 0.0, 0, 1, self.B)
+                if self.fe_out:
+                    self.fe.stream(self.t, dur, 0.0, 0, 1, self.B)
                 self.t += dur
                 self.G = G + 1
                 self._used_G = self.G
@@ -833,6 +844,8 @@ class Engine:
             k = iterations_before(t0, a, c, T)
             if self.gap_log is not None:
                 self._log_gaps(a, c, self.G - self._st_G0, k, self.B)
+            if self.fe_out:
+                self.fe.stream(t0, a, c, self.G - self._st_G0, k, self.B)
             self.n_iterations += self._st_G0 + k - self.G
             self.G = self._st_G0 + k
             self.t = t0 + k * a + c * k * (k - 1) / 2
@@ -840,6 +853,8 @@ class Engine:
         n = int(self._st_n)   # finite: T is past the stretch's last iteration
         if self.gap_log is not None:
             self._log_gaps(a, c, self.G - self._st_G0, n, self.B)
+        if self.fe_out:
+            self.fe.stream(t0, a, c, self.G - self._st_G0, n, self.B)
         self.n_iterations += self._st_G0 + n - self.G
         self.G = self._st_G0 + n
         self.t = t0 + n * a + c * n * (n - 1) / 2

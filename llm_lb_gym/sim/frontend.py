@@ -20,23 +20,27 @@ it did before): one processor-sharing CPU server per instance. Its jobs share th
   view, observations and the penalty see it) but cannot be scheduled;
 - **first chunk**, when the engine emits the first token: ``first_token_s`` (response headers
   and the first chunk). Its completion is the first token the client sees;
-- **rest**, also from the first token: ``output_token_s x (tokens - 1)`` (the further tokens'
-  detokenization and chunks). The client has the whole response when both this job and the
-  engine are done. Why one job from the first token and not a job per token: a job per token
-  would cost an event per token; booked at the engine's finish instead, it delayed a lone
-  request's end by its whole length (221 tokens x 1 ms on an idle server, measured TPOT +30%
-  instead of +17% on the GPUStack Qwen3-8B case), while a real server detokenizes as tokens
-  stream. From the first token it takes its CPU share while the request decodes, and an idle
-  server finishes it before the engine does.
+- **the further tokens** (``output_token_s`` each: detokenization and its stream chunk) are not
+  a job of their request: they are done as the engine makes them, a share of the CPU during
+  each decode iteration (``output_stream.py``, reported by the engine as it runs its
+  iterations), which the jobs above do not get. The client has the whole response when the
+  engine made its last token and its first chunk is out. Why not one job per request (the
+  model until 2026-12-08): booked from the first token, a request's whole output work ran at
+  once, 62 ms of CPU for 16 requests of 1,024 tokens sent together, just when the next
+  requests' inputs needed it (silybench's 128 / 1,024 closed loops: p95 TTFT +86% .. +90%);
+  booked at the end it delayed a lone request's end by its whole length. A job per token
+  would cost an event per token.
 
 Client-side times go to ``RequestTable.seen_first_token_s`` / ``seen_finish_s``; the metrics
 use them for TTFT, E2E and TBT (``metrics.request_latencies``). The engine's own first-token
 and finish times stay where they were (the env's completion reward and SLO counting read them
 when they happen).
 
-Processor sharing with virtual time: ``V`` grows at ``1 / n`` per second with ``n`` jobs in
-service, so a job of work ``w`` arriving at virtual time ``V0`` completes when ``V`` reaches
-``V0 + w``; the next completion is the smallest such finish (a heap), ``(F - V) n`` seconds away.
+Processor sharing with virtual time: ``V`` grows at ``1 / n`` per CPU second left to the jobs
+(``OutputStream.free``: every second less the output work's share) with ``n`` jobs in service,
+so a job of work ``w`` arriving at virtual time ``V0`` completes when ``V`` reaches ``V0 + w``;
+the next completion is the smallest such finish (a heap), when ``(F - V) n`` free CPU seconds
+have passed (``OutputStream.when``).
 The state only ever moves forward to times no later than any event still to be reported: jobs
 arrive in a pending heap and are applied in time order as the server is advanced (the engine
 advances it to each iteration's start, ``Engine._fe_release``), so a first token reported at an
@@ -54,9 +58,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from .._validate import ConfigError, check_range, lookup
+from .output_stream import OutputStream
 
 INF = math.inf
-_INPUT, _FIRST, _REST = 0, 1, 2
+_INPUT, _FIRST, _BACKLOG = 0, 1, 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,7 +79,8 @@ class FrontendModel:
     first_token_s: float = 0.0
     """When the first token is out: response headers and the first stream chunk."""
     output_token_s: float = 0.0
-    """Per further output token: detokenization and its stream chunk."""
+    """Per further output token: detokenization and its stream chunk, done during the decode
+    iteration that made the token (``output_stream.py``)."""
     input_workers: int = 0
     """How many requests' input work runs at once: 0 = all of them (processor sharing among
     every job), k >= 1 = at most k, the others waiting in arrival order. Why: a Python API
@@ -197,22 +203,22 @@ class Frontend:
         self.t = 0.0          # the time the state is at
         self.V = 0.0          # virtual time: the work each job in service has received
         self.jobs: list = []      # (virtual finish, seq, kind, rid), the jobs in service
-        self.pending: list = []   # (time, seq, kind, rid), reported but not yet applied
+        self.pending: list = []   # (time, seq, kind, rid, work), reported but not yet applied
         self.seq = 0
         self.n_input = 0      # input jobs pending, queued or in service
         self.input_queue: deque = deque()   # (seq, rid, work): input jobs waiting for a worker
         self.inputs_running = 0             # input jobs in service (<= model.input_workers if > 0)
         self.ready: list[tuple[float, int]] = []   # (input completed at, request), not yet taken
         self.cancelled: set[int] = set()
-        self.rest_done: dict[int, float] = {}    # rest jobs done before the engine's last token
-        self.engine_end: dict[int, float] = {}   # engine's last token before the rest job is done
-        self.busy_s = 0.0     # seconds with at least one job in service (utilisation)
+        self.out = OutputStream(model.output_token_s)   # the streamed tokens' share of the CPU
+        self.last_backlog = -1                  # the output backlog job reported last (its seq)
+        self.backlog_waiters: dict[int, list[int]] = {}   # open backlog job -> requests whose end waits for it
         table.frontends.append(self)
         table.client_columns()
 
     # --- jobs reported by the engine ---------------------------------------------------------
     def _report(self, time: float, kind: int, rid: int) -> None:
-        heapq.heappush(self.pending, (time, self.seq, kind, rid))
+        heapq.heappush(self.pending, (time, self.seq, kind, rid, 0.0))
         self.seq += 1
 
     def arrive(self, rid: int, now: float, wake_s: float = 0.0) -> None:
@@ -224,20 +230,27 @@ class Frontend:
 
     def first_token(self, rid: int, time: float) -> None:
         self._report(time, _FIRST, rid)
-        self._report(time, _REST, rid)
+
+    def stream(self, t0: float, a: float, c: float, j0: int, j1: int, n: int) -> None:
+        """The engine ran decode iterations ``j0 .. j1 - 1`` of a run starting at ``t0``
+        (iteration ``j`` at ``t0 + j a + c j (j - 1) / 2``, lasting ``a + c j``), each giving
+        ``n`` requests a token: their output work (``output_stream.py``)."""
+        for time, work in self.out.add(t0, a, c, j0, j1, n):
+            heapq.heappush(self.pending, (time, self.seq, _BACKLOG, -1, work))
+            self.backlog_waiters[self.seq] = []
+            self.last_backlog = self.seq
+            self.seq += 1
 
     def finished(self, rid: int, time: float) -> None:
-        """The engine produced the last token at ``time``."""
-        done = self.rest_done.pop(rid, None)
-        if done is None:
-            self.engine_end[rid] = time
-        else:
-            self._seen_end(rid, max(done, time))
-
-    def _seen_end(self, rid: int, t: float) -> None:
+        """The engine produced the last token at ``time``: the client has the response then,
+        or when its first chunk is out if that is later, or, while the output work is behind
+        (``output_stream.py``), when the last backlog reported by then is done."""
         tb = self.table
         first = tb.seen_first_token_s[rid]
-        tb.seen_finish_s[rid] = first if first > t else t   # NaN first: its chunk moves this up
+        tb.seen_finish_s[rid] = first if first > time else time   # NaN first: its chunk moves this up
+        waiters = self.backlog_waiters.get(self.last_backlog)
+        if waiters is not None:
+            waiters.append(rid)
 
     def cancel(self, rid: int) -> None:
         """An aborted request still in its input job: the work is spent, nothing is handed on."""
@@ -247,7 +260,7 @@ class Frontend:
     def next_event_s(self) -> float:
         """When the state next changes if nothing more is reported (a completion or a pending
         job's arrival); INF if nothing is left."""
-        tc = self.t + (self.jobs[0][0] - self.V) * len(self.jobs) if self.jobs else INF
+        tc = self.out.when(self.t, (self.jobs[0][0] - self.V) * len(self.jobs)) if self.jobs else INF
         tp = self.pending[0][0] if self.pending else INF
         return tc if tc < tp else tp
 
@@ -261,18 +274,17 @@ class Frontend:
 
     def advance(self, X: float) -> None:
         """Apply every arrival and completion up to time ``X``, in time order."""
-        jobs, pending, model, tb = self.jobs, self.pending, self.model, self.table
+        jobs, pending, model, tb, out = self.jobs, self.pending, self.model, self.table, self.out
         while True:
             n = len(jobs)
-            tc = self.t + (jobs[0][0] - self.V) * n if n else INF
+            tc = out.when(self.t, (jobs[0][0] - self.V) * n) if n else INF
             tp = pending[0][0] if pending else INF
             if (tc > X and tp > X) or not (n or pending):
                 break
             if tp <= tc:
-                time, seq, kind, rid = heapq.heappop(pending)
-                if n:
-                    self.V += (time - self.t) / n
-                    self.busy_s += time - self.t
+                time, seq, kind, rid, w = heapq.heappop(pending)
+                if n and time > self.t:
+                    self.V += out.free(self.t, time) / n
                 self.t = max(self.t, time)
                 if kind == _INPUT:
                     w = model.input_s(tb.prompt[rid])
@@ -282,12 +294,9 @@ class Frontend:
                     self.inputs_running += 1
                 elif kind == _FIRST:
                     w = model.first_token_s
-                else:
-                    w = model.output_token_s * max(tb.decode[rid] - 1, 0)
-                heapq.heappush(jobs, (self.V + w, seq, kind, rid))
+                heapq.heappush(jobs, (self.V + w, seq, kind, rid))   # (_BACKLOG: its work came with it)
             else:
-                F, _, kind, rid = heapq.heappop(jobs)
-                self.busy_s += tc - self.t
+                F, jseq, kind, rid = heapq.heappop(jobs)
                 self.V = F
                 self.t = tc
                 if kind == _INPUT:
@@ -303,19 +312,17 @@ class Frontend:
                         self.ready.append((tc, rid))
                 elif kind == _FIRST:
                     tb.seen_first_token_s[rid] = tc
-                    if tb.seen_finish_s[rid] < tc:   # the rest's (smaller) job ended first
+                    if tb.seen_finish_s[rid] < tc:   # the engine ended before the first chunk was out
                         tb.seen_finish_s[rid] = tc
-                else:
-                    end = self.engine_end.pop(rid, None)
-                    if end is None:
-                        self.rest_done[rid] = tc
-                    else:
-                        self._seen_end(rid, end if end > tc else tc)
+                else:   # an output backlog done: the responses whose last token was behind it
+                    for r in self.backlog_waiters.pop(jseq):
+                        if tb.seen_finish_s[r] < tc:
+                            tb.seen_finish_s[r] = tc
         if X > self.t and X != INF:
             if jobs:
-                self.V += (X - self.t) / len(jobs)
-                self.busy_s += X - self.t
+                self.V += out.free(self.t, X) / len(jobs)
             self.t = X
+        out.prune(self.t)
 
     def take_ready(self, t: float) -> list[int]:
         """The requests whose input work ended by ``t``, in the order it ended (the frontend

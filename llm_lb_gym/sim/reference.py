@@ -29,7 +29,9 @@ of cached hash blocks with reference counts and a plain list as the LRU order of
 ones, admissions applied one at a time, evictions done at the allocation that needs them.
 
 The frontend (``engine.frontend``, ``frontend.py``) is restated literally as well: every job
-keeps its remaining work, which each job in service loses at ``1 / n`` per second (with
+keeps its remaining work, which each job in service loses at ``r / n`` per second, ``r`` the
+share of the CPU the streamed tokens leave (``output_stream.py``: during each decode iteration
+of duration ``tau`` with ``n`` tokens, ``r = max(0, 1 - output_token_s n / tau)``, else 1; with
 ``input_workers`` > 0, input jobs beyond that many wait in a list, in arrival order); a request
 joins the waiting queue (at the back, in the order its input work ends) at the first iteration
 start at or after its input job completes.
@@ -112,7 +114,6 @@ class _Seq:
         self.finish_s: float | None = None
         self.seen_first_token_s: float | None = None
         self.seen_finish_s: float | None = None
-        self.rest_done_s: float | None = None
         self.preemptions = 0
         self.hashes = req.prefix_hashes
         self.refs: list = []  # hash ids of the cached blocks it references (a prefix of hashes)
@@ -125,6 +126,7 @@ class _Instance:
     def __init__(self, cfg: EngineConfig, hash_block_tokens: int = 0):
         self.cfg = cfg
         self.frontend = _RefFrontend(cfg.frontend_model) if cfg.frontend_model is not None else None
+        self.decoded = 0   # the requests that got a decode token in the last iteration
         # Prefix caching: hash id -> reference count; ``lru`` = evictable ids, oldest first.
         self.H = hash_block_tokens if cfg.enable_prefix_caching else 0
         self.hb = self.H // cfg.block_size
@@ -262,7 +264,6 @@ class _Instance:
             seq.first_token_s = end
             if self.frontend is not None:
                 self.frontend.report(end, "first", seq)
-                self.frontend.report(end, "rest", seq)
         if seq.o == seq.d:
             seq.state = "finished"
             seq.finish_s = end
@@ -370,6 +371,7 @@ class _Instance:
                                    decode_ctx_tokens=sum(s.p + s.o for s in decodes),
                                    overlap_cpu=self.cfg.async_scheduling)
         end = now + dur
+        self.decoded = len(decodes)
         for seq in decodes:
             self.emit_token(seq, end)
         return end
@@ -416,6 +418,7 @@ class _Instance:
             overlap_cpu=self.cfg.async_scheduling,
         )
         end = now + dur
+        self.decoded = len(decodes)
         for seq in decodes:
             self.emit_token(seq, end)
         for seq, chunk, _ in chunks:
@@ -463,21 +466,43 @@ class _RefFrontend:
         self.order = 0
         self.ready: list[_Seq] = []
         self.queue: list[list] = []      # input jobs waiting for a worker (input_workers > 0), in order
+        self.streams: list[tuple] = []   # (start, end, output work) of each decode iteration, in order
+        self.backlogs: list[list] = []   # [reported at, done at] of each output backlog job, in order
 
     def report(self, time: float, kind: str, seq: _Seq) -> None:
         self.reports.append((time, self.order, kind, seq))
         self.order += 1
         self.reports.sort(key=lambda r: (r[0], r[1]))
 
-    def _work(self, kind: str, seq: _Seq) -> float:
+    def stream(self, start: float, end: float, tokens: int) -> None:
+        """A decode iteration gave ``tokens`` requests a token: their output work over it."""
+        if tokens and self.model.output_token_s > 0.0:
+            work = self.model.output_token_s * tokens
+            self.streams.append((start, end, work))
+            if work > end - start:   # what the iteration could not do: a job of its own at its end
+                self.backlogs.append([end, math.inf])
+                self.report(end, "backlog", (work - (end - start), self.backlogs[-1]))
+
+    def _rate(self, t: float) -> tuple[float, float]:
+        """(the jobs' share of the CPU at ``t``, the next time it may change)."""
+        for start, end, work in self.streams:
+            if end <= t:
+                continue
+            if start > t:
+                return 1.0, start
+            return max(0.0, 1.0 - work / (end - start)), end
+        return 1.0, math.inf
+
+    def _work(self, kind: str, seq) -> float:
         m = self.model
         if kind == "input":
             return m.request_s + m.prompt_token_s * seq.p
-        if kind == "first":
-            return m.first_token_s
-        return m.output_token_s * max(seq.d - 1, 0)
+        if kind == "backlog":   # (its work and record stand where a request would)
+            return seq[0]
+        return m.first_token_s
 
     def next_time(self) -> float:
+        """The next report, or the next completion if nothing more streams (a lower bound)."""
         done = (min(j[0] for j in self.jobs) * len(self.jobs) + self.t) if self.jobs else math.inf
         return min(done, self.reports[0][0] if self.reports else math.inf)
 
@@ -488,14 +513,21 @@ class _RefFrontend:
     def advance(self, until: float) -> None:
         while True:
             n = len(self.jobs)
-            done_at = self.t + min(j[0] for j in self.jobs) * n if n else math.inf
+            rate, change = self._rate(self.t)
+            done_at = (self.t + min(j[0] for j in self.jobs) * n / rate if rate > 0.0 else math.inf) if n else math.inf
             report_at = self.reports[0][0] if self.reports else math.inf
+            if n and change < min(done_at, report_at) and change <= until:   # the share changes first
+                for j in self.jobs:
+                    j[0] -= rate * (change - self.t) / n
+                self.t = change
+                continue
             if min(done_at, report_at) > until or (not n and not self.reports):
                 break
             if report_at <= done_at:
                 time, order, kind, seq = self.reports.pop(0)
-                for j in self.jobs:
-                    j[0] -= (time - self.t) / n
+                if time > self.t:
+                    for j in self.jobs:
+                        j[0] -= rate * (time - self.t) / n
                 self.t = max(self.t, time)
                 job = [self._work(kind, seq), order, kind, seq]
                 workers = self.model.input_workers
@@ -514,8 +546,9 @@ class _RefFrontend:
                     self.jobs.append(self.queue.pop(0))   # a worker is free: the next waiting input starts
                 self._complete(job[2], job[3], done_at)
         if self.jobs and until > self.t and until != math.inf:
+            rate, change = self._rate(self.t)   # (until <= change here)
             for j in self.jobs:
-                j[0] -= (until - self.t) / len(self.jobs)
+                j[0] -= rate * (until - self.t) / len(self.jobs)
             self.t = until
 
     def _complete(self, kind: str, seq: _Seq, t: float) -> None:
@@ -523,15 +556,16 @@ class _RefFrontend:
             self.ready.append(seq)
         elif kind == "first":
             seq.seen_first_token_s = t
-        else:   # the rest of the response: the client has it once the engine is done too
-            seq.rest_done_s = t
+        else:
+            seq[1][1] = t
 
     def finish_times(self, seqs) -> None:
         """Client-side ends (after the jobs ran out): the later of the engine's last token, the
-        rest job and the first chunk."""
+        first chunk and the last output backlog job reported by the engine's last token."""
         for s in seqs:
             if s.finish_s is not None and s.seen_first_token_s is not None:
-                s.seen_finish_s = max(s.finish_s, s.rest_done_s, s.seen_first_token_s)
+                behind = [done for at, done in self.backlogs if at <= s.finish_s]
+                s.seen_finish_s = max(s.finish_s, s.seen_first_token_s, behind[-1] if behind else 0.0)
 
 
 def _assert_admissible(req: RefRequest, cfg: EngineConfig) -> None:
@@ -619,6 +653,9 @@ def simulate_reference(requests: list[RefRequest], cfg: EngineConfig, check: boo
                 f"instance stuck at t={now}: waiting requests can never be admitted on an empty "
                 f"instance (a readmission prefill p + o above max_num_batched_tokens?)")
         assert end >= now, "iteration with negative duration"
+        if fe is not None:
+            fe.stream(now, end, inst.decoded)
+        inst.decoded = 0
         inst.iterations += 1
         now = end
         if check:
