@@ -28,7 +28,7 @@ ENVS = ROOT / "llm_lb_gym" / "envs"
 KERNELS = "step_kernels.pyx"   # compiled after the engine; keep in sync with envs/_kernels.py
 # Compiled modules, each one imported only by those after it. Keep in sync with
 # llm_lb_gym/sim/_compiled.py (its MODULES; a test checks they agree).
-MODULES = ("iteration_timing", "kv_cache", "scheduler", "progress", "engine", "penalty")
+MODULES = ("iteration_timing", "output_stream", "kv_cache", "scheduler", "progress", "engine", "penalty")
 SOURCES = tuple(f"{m}{ext}" for m in MODULES for ext in (".py", ".pxd"))
 _SIBLING = re.compile(r"^(from \.)(" + "|".join(MODULES) + r")( c?import )", re.MULTILINE)
 

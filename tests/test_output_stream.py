@@ -1,5 +1,5 @@
 """The streamed tokens' output work (sim/output_stream.py): the closed forms of a run of decode
-iterations against summing its iterations one by one."""
+iterations against summing its iterations one by one, in the plain module and its compiled copy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,21 @@ import math
 import numpy as np
 import pytest
 
-from llm_lb_gym.sim.output_stream import OutputStream
+from llm_lb_gym.sim import output_stream
+
+
+def _implementations():
+    out = [output_stream.OutputStream]
+    try:
+        from llm_lb_gym.sim import _output_stream_c   # built by setup.py with the engine
+    except ImportError:
+        return out
+    return out + [_output_stream_c.OutputStream]
+
+
+@pytest.fixture(params=_implementations(), ids=lambda c: c.__module__.rsplit(".", 1)[-1])
+def OutputStream(request):
+    return request.param
 
 
 def _iterations(t0, a, c, j0, j1):
@@ -31,7 +45,7 @@ def _free_by_hand(its, wn, x, y):
     (0.003, 0.0, 1e-3, 5),       # always beyond the CPU: nothing free
     (0.007, 1e-5, 3.8e-6, 64),   # the fitted per-token cost at 64 streams: ~3.5%
 ])
-def test_free_time_and_its_inverse_match_the_iterations_summed(a, c, w, n):
+def test_free_time_and_its_inverse_match_the_iterations_summed(OutputStream, a, c, w, n):
     st = OutputStream(w)
     t0, j0, j1 = 1.0, 3, 40
     backlog = st.add(t0, a, c, j0, j1, n)
@@ -56,7 +70,7 @@ def test_free_time_and_its_inverse_match_the_iterations_summed(a, c, w, n):
                 assert _free_by_hand(its, wn, x, t - 1e-9) < amount + 1e-12
 
 
-def test_runs_must_come_in_time_order_and_old_ones_are_forgotten():
+def test_runs_must_come_in_time_order_and_old_ones_are_forgotten(OutputStream):
     st = OutputStream(1e-4)
     st.add(0.0, 0.01, 0.0, 0, 3, 4)
     with pytest.raises(AssertionError, match="reported before"):

@@ -26,7 +26,7 @@ its output): the cause, read back into the warning below; removed by a build tha
 SPEED_COST = ("about 1.8x slower env steps (package 0.7.0, the default setting: 12.1k vs 21.3k "
               "masked random steps per CPU second)")
 """What the pure-Python engine costs, said in the warning (docs/install.md)."""
-MODULES = ("iteration_timing", "kv_cache", "scheduler", "progress", "engine", "penalty")   # as setup.py's MODULES: each imports only those before it
+MODULES = ("iteration_timing", "output_stream", "kv_cache", "scheduler", "progress", "engine", "penalty")   # as setup.py's MODULES: each imports only those before it
 SOURCES = tuple(f"{m}{ext}" for m in MODULES for ext in (".py", ".pxd"))
 
 

@@ -15,7 +15,7 @@ cdef class Engine:
     cdef public long G, _used_G, B, S_at, G_S, admit_counter
     cdef public long n_finished, n_slo_met, n_preemptions, n_iterations, n_prefill_iterations
     cdef public long pending_prefill_tokens
-    cdef public long _st_G0
+    cdef public long _st_G0, _fe_G
     cdef public double t, _g_fin_end, _g_ex, committed_tokens, fe_next
     cdef public long fe_count, pend_n
     cdef public object fe, gap_log
@@ -45,6 +45,7 @@ cdef class Engine:
     cpdef bint _admit_step(self)
     cpdef bint in_decode_stretch(self)
     cpdef jump_in_stretch(self, long G, double t)
+    cpdef _fe_flush(self)
     cpdef record_token_gaps(self)
     cpdef _log_gaps(self, double a, double c, long j0, long j1, long n)
     cpdef double penalty(self)

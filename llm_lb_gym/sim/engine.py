@@ -40,6 +40,7 @@ from itertools import chain
 from .config import EngineConfig
 from .frontend import Frontend
 from .iteration_timing import IterationTiming, iterations_before
+from .output_stream import OutputStream
 from .kv_cache import KVCache
 from .progress import ProgressSums
 from .scheduler import Scheduler
@@ -105,11 +106,17 @@ class Engine:
         # The server's frontend (``frontend.py``): requests in its input stage count as waiting
         # but reach the waiting queue only at ``fe_next`` or later. None: routed requests join
         # the waiting queue at once (every preset without ``engine.frontend``).
-        self.fe = Frontend(cfg.frontend_model, table) if cfg.frontend_model is not None else None
+        self.fe = (Frontend(cfg.frontend_model, table, OutputStream)   # (the compiled one with this engine)
+                   if cfg.frontend_model is not None else None)
         self.fe_wake = self.fe is not None and bool(cfg.frontend_model.wake_s)
         # Its output work (``FrontendModel.output_token_s``) streams with the decode iterations:
         # each run of them is reported as it is run (``Frontend.stream``), beside the token gaps.
         self.fe_out = self.fe is not None and cfg.frontend_model.output_token_s > 0.0
+        # Lazily: the decode iterations before G = _fe_G are reported; the stretch's later ones
+        # go at its end, before the running set changes, or when the frontend advances (``pull``).
+        self._fe_G = 0
+        if self.fe_out:
+            self.fe.pull = self._fe_flush
         self.fe_count = 0       # requests in the frontend's input stage
         self.fe_next = INF      # no input completes before this (INF: none in the frontend)
         # Token gaps (opt-in, ``record_token_gaps``): runs of decode iterations as (a, c, j0, j1,
@@ -263,8 +270,6 @@ class Engine:
                     t = t0 + k * a + c * k * (k - 1) / 2
             if self.gap_log is not None:
                 self._log_gaps(a, c, self.G - G0, k, self.B)
-            if self.fe_out:
-                self.fe.stream(t0, a, c, self.G - G0, k, self.B)
             self.n_iterations += G0 + k - self.G
             self.G = G0 + k
             self.t = t
@@ -334,11 +339,21 @@ class Engine:
         (``t = _st_t0 + k a + c k (k - 1) / 2`` with ``k = G - _st_G0``; ``penalty.py``)."""
         if self.gap_log is not None:
             self._log_gaps(self._st_a, self._st_c, self.G - self._st_G0, G - self._st_G0, self.B)
-        if self.fe_out:
-            self.fe.stream(self._st_t0, self._st_a, self._st_c, self.G - self._st_G0, G - self._st_G0, self.B)
         self.n_iterations += G - self.G
         self.G = G
         self.t = t
+
+    def _fe_flush(self) -> None:
+        """Report the planned stretch's decode iterations run since the last report (iterations
+        ``_fe_G .. G - 1``, each giving the B running requests a token) to the frontend's output
+        stream. Called before anything changes the stretch or the running set, and by the
+        frontend before it advances: one report per stretch and advance, not per clock move."""
+        G = self.G
+        if G > self._fe_G:
+            G0 = self._st_G0
+            assert self._fe_G >= G0, "output stream: unreported iterations from before the stretch"
+            self.fe.stream(self._st_t0, self._st_a, self._st_c, self._fe_G - G0, G - G0, self.B)
+            self._fe_G = G
 
     def record_token_gaps(self) -> None:
         """Keep every decode iteration's duration and token count from now on (``gap_log``;
@@ -421,6 +436,8 @@ class Engine:
 
     def _join_running(self, rid: int, o: int) -> None:
         """Request ``rid`` has generated ``o`` tokens and decodes from iteration G on."""
+        if self.fe_out:
+            self._fe_flush()
         tb, G = self.table, self.G
         self._rebase_S()
         self._sync_used()
@@ -442,6 +459,8 @@ class Engine:
 
     def _leave_running(self, rid: int) -> int:
         """Remove ``rid`` from the running set at the current G; return its generated tokens."""
+        if self.fe_out:
+            self._fe_flush()
         tb, G = self.table, self.G
         self._rebase_S()
         self._sync_used()
@@ -577,6 +596,8 @@ class Engine:
             self._join_running(rid, o)
 
     def _prefill_iteration(self, admitted: list[int]) -> None:
+        if self.fe_out:
+            self._fe_flush()
         tb, s = self.table, self.t
         toks = pairs = 0
         for r in admitted:
@@ -668,6 +689,8 @@ class Engine:
 
     def _mixed_iteration(self) -> bool:
         """One chunked-prefill iteration: decodes, partial prefills, new admissions."""
+        if self.fe_out:
+            self._fe_flush()
         tb, s = self.table, self.t
         if self.B:
             self._grow_blocks()
@@ -733,6 +756,7 @@ class Engine:
                 self._log_gaps(dur, 0.0, 0, 1, self.B)
             if self.fe_out:
                 self.fe.stream(s, dur, 0.0, 0, 1, self.B)
+                self._fe_G = self.G + 1
             self.G += 1
             self._used_G = self.G   # this iteration's blocks were allocated explicitly
             self._end_decode()
@@ -760,6 +784,8 @@ class Engine:
         """Start a decode stretch at the current (G, t): it runs until the first completion,
         the first iteration whose block demand exceeds the free blocks, or (reference mode)
         one iteration. Iteration j of the stretch starts at t0 + j a + c j (j - 1) / 2."""
+        if self.fe_out:   # the previous stretch's iterations, before its parameters go
+            self._fe_flush()
         h, tb = self.fin_heap, self.table
         while h and (tb.admit_seq[h[0][2]] != h[0][1] or tb.status[h[0][2]] != _RUNNING):
             heapq.heappop(h)
@@ -819,6 +845,8 @@ class Engine:
         if self._plan_dirty:
             self._plan()
         if self.G == self._g_ex:   # this iteration runs out of blocks: walk it explicitly
+            if self.fe_out:
+                self._fe_flush()
             if self.chunked:   # preemption frees blocks that the same iteration may admit into
                 self._mixed_iteration()
                 return
@@ -830,6 +858,7 @@ class Engine:
                     self._log_gaps(dur, 0.0, 0, 1, self.B)
                 if self.fe_out:
                     self.fe.stream(self.t, dur, 0.0, 0, 1, self.B)
+                    self._fe_G = G + 1
                 self.t += dur
                 self.G = G + 1
                 self._used_G = self.G
@@ -844,8 +873,6 @@ class Engine:
             k = iterations_before(t0, a, c, T)
             if self.gap_log is not None:
                 self._log_gaps(a, c, self.G - self._st_G0, k, self.B)
-            if self.fe_out:
-                self.fe.stream(t0, a, c, self.G - self._st_G0, k, self.B)
             self.n_iterations += self._st_G0 + k - self.G
             self.G = self._st_G0 + k
             self.t = t0 + k * a + c * k * (k - 1) / 2
@@ -853,8 +880,6 @@ class Engine:
         n = int(self._st_n)   # finite: T is past the stretch's last iteration
         if self.gap_log is not None:
             self._log_gaps(a, c, self.G - self._st_G0, n, self.B)
-        if self.fe_out:
-            self.fe.stream(t0, a, c, self.G - self._st_G0, n, self.B)
         self.n_iterations += self._st_G0 + n - self.G
         self.G = self._st_G0 + n
         self.t = t0 + n * a + c * n * (n - 1) / 2

@@ -197,7 +197,7 @@ def resolve_frontend(value: Any, where: str = "engine.frontend") -> FrontendMode
 class Frontend:
     """One instance's frontend server at run time (processor sharing, see the module doc)."""
 
-    def __init__(self, model: FrontendModel, table):
+    def __init__(self, model: FrontendModel, table, stream_class=OutputStream):
         self.model = model
         self.table = table
         self.t = 0.0          # the time the state is at
@@ -210,7 +210,8 @@ class Frontend:
         self.inputs_running = 0             # input jobs in service (<= model.input_workers if > 0)
         self.ready: list[tuple[float, int]] = []   # (input completed at, request), not yet taken
         self.cancelled: set[int] = set()
-        self.out = OutputStream(model.output_token_s)   # the streamed tokens' share of the CPU
+        self.out = stream_class(model.output_token_s)   # the streamed tokens' share of the CPU
+        self.pull = None   # the engine's report of the decode iterations run so far (Engine._fe_flush)
         self.last_backlog = -1                  # the output backlog job reported last (its seq)
         self.backlog_waiters: dict[int, list[int]] = {}   # open backlog job -> requests whose end waits for it
         table.frontends.append(self)
@@ -235,6 +236,8 @@ class Frontend:
         """The engine ran decode iterations ``j0 .. j1 - 1`` of a run starting at ``t0``
         (iteration ``j`` at ``t0 + j a + c j (j - 1) / 2``, lasting ``a + c j``), each giving
         ``n`` requests a token: their output work (``output_stream.py``)."""
+        if not (self.jobs or self.pending):   # idle: what ran before can concern no job to come
+            self.out.runs.clear()             # (a later report is at the engine's clock or after)
         for time, work in self.out.add(t0, a, c, j0, j1, n):
             heapq.heappush(self.pending, (time, self.seq, _BACKLOG, -1, work))
             self.backlog_waiters[self.seq] = []
@@ -274,11 +277,19 @@ class Frontend:
 
     def advance(self, X: float) -> None:
         """Apply every arrival and completion up to time ``X``, in time order."""
+        if self.pull is not None:
+            self.pull()
         jobs, pending, model, tb, out = self.jobs, self.pending, self.model, self.table, self.out
         while True:
             n = len(jobs)
-            tc = out.when(self.t, (jobs[0][0] - self.V) * n) if n else INF
             tp = pending[0][0] if pending else INF
+            if n:
+                amount = (jobs[0][0] - self.V) * n
+                tc = self.t + amount   # a lower bound (the output stream only takes CPU away) ...
+                if tc < tp and tc <= X:
+                    tc = out.when(self.t, amount)   # ... the exact time only where it decides
+            else:
+                tc = INF
             if (tc > X and tp > X) or not (n or pending):
                 break
             if tp <= tc:

@@ -125,6 +125,8 @@ def _free_to(run, t: float) -> float:
     S, E, a1, c, m, wn, mstar = run
     if t <= S:
         return 0.0
+    if m == 1 or (c == 0.0 and mstar == 0):   # one rate over the whole run
+        return (t - S) * (1.0 - wn / a1) if a1 > wn else 0.0
     if c > 0.0:
         k = iterations_before(S, a1, c, t) - 1   # the iteration t falls in
     else:
