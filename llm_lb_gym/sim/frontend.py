@@ -25,7 +25,7 @@ it did before): one processor-sharing CPU server per instance. Its jobs share th
   each decode iteration (``output_stream.py``, reported by the engine as it runs its
   iterations), which the jobs above do not get. The client has the whole response when the
   engine made its last token and its first chunk is out. Why not one job per request (the
-  model until 2026-12-08): booked from the first token, a request's whole output work ran at
+  model until 2026-12-07): booked from the first token, a request's whole output work ran at
   once, 62 ms of CPU for 16 requests of 1,024 tokens sent together, just when the next
   requests' inputs needed it (silybench's 128 / 1,024 closed loops: p95 TTFT +86% .. +90%);
   booked at the end it delayed a lone request's end by its whole length. A job per token

@@ -3,7 +3,7 @@
 Why: a server detokenizes each token and writes its stream chunk when the token is made, so
 that work (``FrontendModel.output_token_s`` per token after the first) is spread over the
 decode iterations, a few microseconds per token in a step of milliseconds. Booked instead as
-one job per request from its first token on (the model until 2026-12-08), a request's whole
+one job per request from its first token on (the model until 2026-12-07), a request's whole
 output work ran at once: 1,023 tokens x 3.8 us = 3.9 ms of CPU right after its first token,
 and in a closed loop of 16 such requests sent together 62 ms of it, just when the next
 requests' inputs needed the CPU, which the real server does not do (silybench's 128 / 1,024
