@@ -154,3 +154,53 @@ def test_wake_points_are_validated():
         with pytest.raises(ConfigError, match="wake_s"):
             FrontendModel(wake_s=bad)
     assert resolve_frontend({"wake_s": [[0, 0.001], [2, 0.01]]}).wake_s == ((0.0, 0.001), (2.0, 0.01))
+
+
+def _frontend_cluster():
+    from llm_lb_gym.sim.cluster import Cluster
+
+    rng = np.random.default_rng(1)
+    n = 200
+    arr = np.cumsum(rng.exponential(0.02, n))
+    p, d = rng.integers(20, 400, n), rng.integers(20, 300, n)
+    fe = FrontendModel(delay_s=3e-3, request_s=2e-3, prompt_token_s=1e-6, first_token_s=5e-4, output_token_s=2e-4,
+                       input_workers=1)
+    cfg = EngineConfig(latency=LAT, frontend=fe, max_num_seqs=64, chunked_prefill=True, max_num_batched_tokens=512)
+    return Cluster(ClusterConfig(num_instances=2, engine=cfg), RequestTable(arr, p, d, d))
+
+
+def _to_end(c):
+    from llm_lb_gym.sim.clock import run_on_arrival
+
+    def route_all(cl):
+        while cl.queue:
+            cl.route(cl.queue[0] % 2)
+
+    run_on_arrival(c, route_all)
+    m = episode_metrics(c.table)   # flushes the table's frontends
+    return np.array(c.table.seen_first_token_s), np.array(c.table.seen_finish_s), m["mean_ttft_s"]
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "copy_cluster"])
+def test_a_copied_cluster_with_a_frontend_runs_on_alone(how):
+    """A copy made mid-run (``copy.deepcopy``: the env wrappers'; ``copy_cluster``: the
+    lookahead routers') and the original, each run to the end, give the uninterrupted run's
+    client-side times: the copy's frontend asks its own engine for the decode iterations it ran
+    (``Engine._fe_flush``; a bound method of the compiled engine would have been shared by
+    ``deepcopy``), and the copy's table lists its own frontends (flushing the copy's must not
+    run the original's to the end)."""
+    import copy
+
+    from llm_lb_gym.routers.improve import copy_cluster
+
+    want = _to_end(_frontend_cluster())
+    c = _frontend_cluster()
+    while c.next_arrival_s <= 1.5:
+        c.advance_to(c.next_arrival_s)
+        while c.queue:
+            c.route(c.queue[0] % 2)
+    dup = copy.deepcopy(c) if how == "deepcopy" else copy_cluster(c)
+    for got in (_to_end(dup), _to_end(c)):
+        for g, w in zip(got[:2], want[:2]):
+            assert np.array_equal(g, w, equal_nan=True)
+        assert got[2] == want[2]

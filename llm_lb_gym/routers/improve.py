@@ -131,6 +131,9 @@ def copy_cluster(cluster):
     cols = new.table.__dict__
     for k, v in cluster.table.__dict__.items():
         cols[k] = v[:] if type(v) is list else v
+    # The table's frontends are the copy's own (the engines' copies), not the original's: a
+    # flush of the copy's (``metrics``, ``simulate``) must not run the original's to the end.
+    cols["frontends"] = [e.fe for e in new.engines if e.fe is not None]
     return new
 
 

@@ -113,10 +113,10 @@ class Engine:
         # each run of them is reported as it is run (``Frontend.stream``), beside the token gaps.
         self.fe_out = self.fe is not None and cfg.frontend_model.output_token_s > 0.0
         # Lazily: the decode iterations before G = _fe_G are reported; the stretch's later ones
-        # go at its end, before the running set changes, or when the frontend advances (``pull``).
+        # go at its end, before the running set changes, or when the frontend advances (it asks).
         self._fe_G = 0
         if self.fe_out:
-            self.fe.pull = self._fe_flush
+            self.fe.source = self
         self.fe_count = 0       # requests in the frontend's input stage
         self.fe_next = INF      # no input completes before this (INF: none in the frontend)
         # Token gaps (opt-in, ``record_token_gaps``): runs of decode iterations as (a, c, j0, j1,

@@ -211,7 +211,7 @@ class Frontend:
         self.ready: list[tuple[float, int]] = []   # (input completed at, request), not yet taken
         self.cancelled: set[int] = set()
         self.out = stream_class(model.output_token_s)   # the streamed tokens' share of the CPU
-        self.pull = None   # the engine's report of the decode iterations run so far (Engine._fe_flush)
+        self.source = None   # the engine, asked for the decode iterations run so far (Engine._fe_flush)
         self.last_backlog = -1                  # the output backlog job reported last (its seq)
         self.backlog_waiters: dict[int, list[int]] = {}   # open backlog job -> requests whose end waits for it
         table.frontends.append(self)
@@ -277,8 +277,8 @@ class Frontend:
 
     def advance(self, X: float) -> None:
         """Apply every arrival and completion up to time ``X``, in time order."""
-        if self.pull is not None:
-            self.pull()
+        if self.source is not None:   # (the object, not its bound method: copies stay paired)
+            self.source._fe_flush()
         jobs, pending, model, tb, out = self.jobs, self.pending, self.model, self.table, self.out
         while True:
             n = len(jobs)
