@@ -91,7 +91,7 @@ class FrontendModel:
     shows in a closed loop of identical requests: shared equally, every input of a round
     finishes at the round's end and the requests stay in lockstep (each waits for all the
     others); one at a time, the first is ready after one input's work and the rounds spread
-    out. The streaming jobs (first chunk, further tokens) still share the CPU with it.
+    out. The first chunks and the streamed tokens' output work still share the CPU with it.
     Measured (docs/calibration.md): vLLM 0.11's chat floods reject 1 (their first tokens come
     late together, not spread evenly), so the shipped frontends keep 0; the option is there
     for servers that do prepare one request at a time, and for ``validate --input-workers``."""
