@@ -21,8 +21,9 @@ and fit, on the case's figures only (TTFT as published, median ITL or TPOT):
 
 One reading of a length pins two constants, two lengths pin four: the fit never has more unknowns
 than figures. What lone requests cannot show is left as fitted: the frontend's per-token costs
-(they matter when many streams share the API server's CPU, as on the L4 page at 16-32 in flight),
-the engine's CPU step, and anything of the dynamics under load. ``llm-lb-gym validate
+(they matter when many streams share the API server's CPU), the engine's CPU step, and anything
+of the dynamics under load (the L4 page's TTFT at 16-32 in flight, which grows with the number of
+streams, is not its per-token output cost: 3.8-100 us per token leave it unchanged, docs/calibration.md). ``llm-lb-gym validate
 --readings`` fits each source's lone-request cases and judges only its other cases.
 """
 
