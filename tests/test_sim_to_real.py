@@ -720,7 +720,8 @@ next afternoon, quiet, a fresh build): ``--seed 2`` (another held-out sequence),
 afternoon): the same with ``--seed 3``, its wake-up points a non-decreasing curve
 (``calibrate_llamacpp.wake_curve_s``); ``..._g`` (later that afternoon): ``--seed 4``, the wake-up
 points the paired mean over prompts of 4-64 tokens; ``..._h`` (right after it): the same with
-``--seed 5``."""
+``--seed 5``; ``..._i`` (that night, after the frontend's streamed output work, which the
+llama.cpp frontend has none of): the same with ``--seed 6``."""
 
 
 IDLE_SPLITS = {
@@ -766,6 +767,12 @@ IDLE_SPLITS = {
     "llamacpp_replays_20261207_h": (
         "| round_robin | cluster idle | 450 | 0.127 | 0.112 | -11.5% | 0.122 | 0.102 | -15.8% | 5.4 | 10.1 |",
         {"corrected": (1.176, 0.005)}),
+    # The ninth, on the next held-out sequence: the same prompt-time transfer (x1.24 at the checks'
+    # speed; the checks track half of each replay's speed, slope 0.54), the rest padded by the
+    # profile's one resolved wake-up point (16.2 ms after 3 s).
+    "llamacpp_replays_20261207_i": (
+        "| round_robin | cluster idle | 437 | 0.139 | 0.116 | -16.1% | 0.133 | 0.105 | -20.8% | 6.2 | 11.4 |",
+        {"corrected": (1.238, 0.005), "slope": (0.54, 0.01)}),
 }
 """Per stored run with every request's prompt time: round_robin's idle-cluster row of the TTFT
 split, and the checks' correction figures pinned (docs/serving.md says what each shows)."""
@@ -783,6 +790,7 @@ split, and the checks' correction figures pinned (docs/serving.md says what each
     ("llamacpp_replays_20261207_f", 9, (9, 3), (9, 0.0277, 0.1141), (8, 0.0936, 0.1752), (3, 3)),
     ("llamacpp_replays_20261207_g", 9, (9, 4), (9, 0.0743, 0.1011), (1, 0.2269, 0.2350), (3, 0)),
     ("llamacpp_replays_20261207_h", 9, (9, 0), (8, 0.0491, 0.1508), (7, 0.1124, 0.2574), (3, 2)),
+    ("llamacpp_replays_20261207_i", 9, (9, 2), (8, 0.0815, 0.2222), (3, 0.1679, 0.3214), (3, 2)),
 ])
 def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, loads, ranking, e2e, ttft, pooled):
     """The simulator judged against 36 real replays, without servers: per router and load the
@@ -814,7 +822,9 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
     (whose checks read the servers 6% faster than the profile's). The eighth (seed 5, the same
     code; wake-up points 2.1 / 6.3 / 8.3 ms after 0.2 / 1 / 3 s): E2E 8 of 9, TTFT 7 of 9
     (dedicated_small_large at 1.0 req/s -15.1% and -25.7%), no router pair resolved; the replays'
-    prompts x1.18 the simulated time at the checks' speed."""
+    prompts x1.18 the simulated time at the checks' speed. The ninth (seed 6, that night): E2E 8 of
+    9, TTFT 3 of 9 (every router-load but two short, to -32.1% for dedicated_small_large at 1.0
+    req/s), 2 of 9 pairs resolved, 2 of 2 agree; the replays' prompts x1.24."""
     import json
 
     from llm_lb_gym.experiments import sim_to_real
