@@ -110,7 +110,7 @@ class Engine:
                    if cfg.frontend_model is not None else None)
         self.fe_wake = self.fe is not None and bool(cfg.frontend_model.wake_s)
         # Its output work (``FrontendModel.output_token_s``) streams with the decode iterations:
-        # each run of them is reported as it is run (``Frontend.stream``), beside the token gaps.
+        # runs of them are reported to it (``Frontend.stream``, ``_fe_flush``).
         self.fe_out = self.fe is not None and cfg.frontend_model.output_token_s > 0.0
         # Lazily: the decode iterations before G = _fe_G are reported; the stretch's later ones
         # go at its end, before the running set changes, or when the frontend advances (it asks).
