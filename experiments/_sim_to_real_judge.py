@@ -26,7 +26,8 @@ from llm_lb_gym.experiments._cli_args import key_values
 from llm_lb_gym.experiments._llamacpp_profile import (
     FOOTINGS, check_reference_s, fit, frontend_delay_s, probe_reference_s, read_points, read_rows, wake_points)
 from llm_lb_gym.experiments._sim_to_real_tables import (
-    _speed_label, arrival_split, arrival_states, contention_table, correction_check, paired_table, table, verdict)
+    _speed_label, arrival_split, arrival_states, contention_table, correction_check, decision_agreement, paired_table,
+    table, verdict)
 
 
 DEFAULT_WORKLOAD_OPTIONS = ("length_scale=0.2", "max_prompt_tokens=200")
@@ -309,6 +310,10 @@ def judge(args, sims: dict, per_rate: dict, rows: list[dict], run: dict, out: Pa
     lines += target_lines
     if rows and not args.no_stream:
         lines += arrival_split(rows, routers)
+    decision_lines, decisions = decision_agreement(rows, routers)
+    if decisions:
+        lines += decision_lines
+        report["decisions"] = decisions
     if rows and sims["footing"] == "check":
         check_lines, report["correction"] = correction_check(rows, report["repeats"])
         lines += check_lines

@@ -1,7 +1,7 @@
 """Sim-to-real's tables: served against simulated per router and load, the rankings, the
 paired differences with their CIs (which router pairs the served runs resolve, and whether the
-simulator's sign agrees), the contention models side by side and the TTFT split by the state a
-request found at arrival (``experiments/sim_to_real.py`` writes them into ``summary.md``)."""
+simulator's sign agrees), the contention models side by side, the TTFT split by the state a
+request found at arrival and the served decisions against the simulated ones (``experiments/sim_to_real.py`` writes them into ``summary.md``)."""
 
 from __future__ import annotations
 
@@ -67,6 +67,46 @@ def arrival_split(rows: list[dict], routers) -> list[str]:
                     line += " | | | | |"
             lines.append(line)
     return lines + [""]
+
+
+def decision_agreement(rows: list[dict], routers) -> tuple[list[str], dict | None]:
+    """How often the simulated router sent a request where the served one did, per router and
+    load: ``rows`` of results.csv with ``served_instance`` (the router service's
+    ``x-llm-lb-backend``; -1 or absent: not named, as in runs stored before it) and
+    ``sim_instance``. Why: the latency comparison judges the simulated servers; this judges
+    the decisions they lead to. A router that ignores the servers' state (round robin; a
+    random router seeded alike on both sides; dedicated_small_large on two servers, where it routes
+    by request size alone) should agree on
+    every request, so anything less there is a bug; for a state-reading router (least
+    requests, late binding) the share is how closely the simulated state tracks the served
+    one, and the first request where they part shows when."""
+    named = [r for r in rows if _finite(r.get("served_instance")) and int(float(r["served_instance"])) >= 0
+             and _finite(r.get("sim_instance"))]
+    if not named:
+        return [], None
+    rates = sorted({float(r["rate_rps"]) for r in named})
+    head = "| router | " + " | ".join(f"{rate:g} req/s" for rate in rates) + " |"
+    lines = ["decisions: the share of requests the simulated router sent to the instance the served one did "
+             "(every repeat; in brackets the median index, among a replay's requests, of the first that "
+             "parted):", "", head, "|" + "---|" * (len(rates) + 1)]
+    got: dict = {}
+    for router in routers:
+        cells = []
+        for rate in rates:
+            mine = [r for r in named if r["router"] == router and float(r["rate_rps"]) == rate]
+            if not mine:
+                cells.append("")
+                continue
+            same = [int(float(r["served_instance"])) == int(float(r["sim_instance"])) for r in mine]
+            firsts = []
+            for k in sorted({int(float(r["repeat"])) for r in mine}):
+                rep = sorted((int(float(r["index"])), s) for r, s in zip(mine, same) if int(float(r["repeat"])) == k)
+                firsts.append(next((i for i, s in rep if not s), len(rep)))
+            share, first = float(np.mean(same)), float(np.median(firsts))
+            got.setdefault(router, {})[f"{rate:g}"] = dict(requests=len(mine), agree=share, first_parted=first)
+            cells.append(f"{share:.1%} of {len(mine)} ({first:g})")
+        lines.append(f"| {router} | " + " | ".join(cells) + " |")
+    return lines + [""], got
 
 
 def correction_check(rows: list[dict], repeats: dict) -> tuple[list[str], dict | None]:

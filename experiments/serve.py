@@ -78,7 +78,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-assemble-upstream", dest="assemble_upstream", action="store_false",
                    help="pass non-streamed requests through as sent (default: stream them upstream "
                         "and assemble the reply, so a client that leaves cancels them at llama.cpp)")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--seed", type=int, default=0,
+                   help="seed of the router's generator (random, power_of_two; default 0)")
+    r.add_argument("--backend-header", action="store_true",
+                   help="name each reply's backend in an x-llm-lb-backend header (its URL; default off)")
     s = sub.add_parser("sim", help="a simulated backend")
     s.add_argument("--model", default="sim-model")
     s.add_argument("--engine", default=None,
@@ -169,7 +172,7 @@ def build_app(args):
             models=tuple(args.model or ["sim-model"]), context_tokens=args.context_tokens,
             tokenizer=args.tokenizer, decision_interval_s=args.decision_interval_s,
             poll_interval_s=args.poll_interval_s, max_attempts=args.max_attempts, seed=args.seed,
-            assemble_upstream=args.assemble_upstream, **backend, **_fault_options(args))
+            assemble_upstream=args.assemble_upstream, backend_header=args.backend_header, **backend, **_fault_options(args))
         router = None
         if args.policy:
             fallback = None if args.router is None and not (args.option or args.options_from) else name

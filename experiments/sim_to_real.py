@@ -131,11 +131,15 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
-def start_router(urls, router: str, args, slot_tokens: int, preset: str):
+def start_router(urls, router: str, args, slot_tokens: int, preset: str, seed: int = 0):
+    """The router service in front of ``urls``, seeded as the simulator seeds the same replay's
+    router (``seed``: a random router draws alike on both sides), naming each reply's backend
+    (``--backend-header``: the served decisions, set beside the simulated ones per request)."""
     from llm_lb_gym.serve.launch import free_port, wait_healthy
 
     port = free_port()
     cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port), "--router", router,
+           "--seed", str(seed), "--backend-header",
            "--model", "smollm2", "--preset", preset, "--context-tokens", str(slot_tokens),
            "--num-blocks", str(args.ctx_tokens // 16), "--block-size", "16", "--max-seqs", str(args.parallel),
            "--decision-interval-s", str(DECISION_INTERVAL_S), "--poll-interval-s", "0.25"]
@@ -213,7 +217,7 @@ IDLE_PROBES = 5
 profile's 5 repeats a point are)."""
 
 
-def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
+def replay_real(args, batch, router: str, slot_tokens: int, preset: str, seed: int = 0):
     """Fresh servers and router for one replay (nothing carries over between routers); returns
     the results and the replay's readings: ``waits``, how much slower than on cores of their
     own the servers ran meanwhile (``llamacpp_sim.slowdown``: their compute threads' waits for a
@@ -245,7 +249,7 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
     proc = None
     try:
         asyncio.run(warm_up([s.url for s in servers]))
-        url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset)
+        url, proc = start_router([s.url for s in servers], router, args, slot_tokens, preset, seed)
         idle_before = [probe_s() for _ in range(IDLE_PROBES)]
         checks_before = _server_checks(servers)
         compute = {s.proc.pid for s in servers}   # with -t 1 a server computes on its main thread
@@ -260,12 +264,22 @@ def replay_real(args, batch, router: str, slot_tokens: int, preset: str):
         checks_after = _server_checks(servers)
         check = tuple(bracket_reading_s([c[i] for c in checks_before], [c[i] for c in checks_after]) for i in (0, 1))
         return res, dict(waits=waits, background=background, probe=bracket_reading_s(idle_before, idle_after),
-                         probe_during=during.median_s(), check=check)
+                         probe_during=during.median_s(), check=check, urls=[s.url for s in servers])
     finally:
         if proc is not None:
             proc.kill()
             proc.wait()
         llamacpp.stop_servers(servers)
+
+
+def served_row(rate: float, k: int, router: str, r, urls) -> dict:
+    """A replayed request's row of results.csv: its ``Result`` with the backend that answered as
+    ``served_instance`` (its index among the replay's servers, as the simulator numbers its
+    instances; -1 where the reply did not say), not as the URL of a server gone since."""
+    row = dict(rate_rps=rate, repeat=k, router=router, **r.__dict__)
+    backend = row.pop("backend")
+    row["served_instance"] = urls.index(backend) if backend in urls else -1
+    return row
 
 
 def _server_checks(servers) -> list[tuple[float, float]]:
@@ -339,7 +353,7 @@ def main(argv=None) -> dict:
             for router in order:
                 load0 = os.getloadavg()[0]
                 t0 = time.monotonic()
-                res, got = replay_real(args, batch, router, sims["slot"], sims["preset"])
+                res, got = replay_real(args, batch, router, sims["slot"], sims["preset"], rep_args.seed)
                 wall = time.monotonic() - t0
                 execution = got["probe"] / probe_ref if probe_ref == probe_ref else 1.0
                 compute, extra = check_footing(*got["check"], *check_ref) if check_ref else (float("nan"), float("nan"))
@@ -349,7 +363,7 @@ def main(argv=None) -> dict:
                                        probe_during_factor=got["probe_during"] / probe_ref if probe_ref == probe_ref else 1.0,
                                        check_prefill_s=got["check"][0], check_decode_s=got["check"][1],
                                        check_compute_factor=compute, check_extra_s=extra, wall_s=wall)
-                rows += [dict(rate_rps=rate, repeat=k, router=router, **r.__dict__) for r in res]
+                rows += [served_row(rate, k, router, r, got["urls"]) for r in res]
                 check_text = (f"; check x{compute:.2f} {extra * 1e3:+.2f} ms per iteration ({got['check'][0] * 1e3:.2f} ms "
                               f"per prompt token, {got['check'][1] * 1e3:.2f} ms per decode step)" if check_ref else "")
                 print(f"{rate:g} req/s repeat {k} {router}: {summary[router]['errors']:.0f} errors of {len(res)}, "

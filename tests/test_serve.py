@@ -131,6 +131,42 @@ def test_round_robin_alternates_and_metrics_count(backends):
             assert metric(text, "llm_lb_router_backend_up", backend=b.url) == 1
 
 
+def test_a_seeded_random_router_draws_as_the_simulator_does_and_names_each_backend(backends):
+    """``seed`` gives the served random router the simulated one's draws for the same request
+    sequence (sim_to_real sets the two side by side), and ``backend_header`` names the backend
+    of each reply, streamed, assembled or passed through, which the load generator records."""
+    import numpy as np
+
+    from llm_lb_gym.routers.drive import run_router
+    from llm_lb_gym.routers.registry import make_router
+    from llm_lb_gym.sim.config import ClusterConfig
+    from llm_lb_gym.workload.batch import RequestBatch
+
+    n = 12
+    batch = RequestBatch(arrival_s=np.arange(n) * 0.04, prompt_tokens=np.full(n, 3), decode_tokens=np.full(n, 2),
+                         task_id=np.zeros(n, np.int64))
+    urls = [b.url for b in backends]
+
+    def simulated(seed):
+        cluster = run_router(batch, ClusterConfig(num_instances=2), make_router("random"), np.random.default_rng(seed), 0.0)
+        return [int(i) for i in cluster.table.instance]
+
+    def served(seed, stream=True, **kw):
+        with start_router(urls, router="random", seed=seed, **kw) as r:   # a fresh generator each
+            res = asyncio.run(replay(r.url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens,
+                                     model=MODEL, stream=stream))
+        assert all(x.error is None for x in res)
+        return [urls.index(x.backend) if x.backend else -1 for x in res]
+
+    assert simulated(3) != simulated(4)           # the draws tell the seeds apart
+    for seed, stream in ((3, True), (4, True), (3, False)):
+        assert served(seed, stream, backend_header=True) == simulated(seed)
+    assert served(3) == [-1] * n                  # off by default: no backend named
+    with start_router(urls[:1], backend_header=True, assemble_upstream=False) as r:   # passed through whole
+        resp = httpx.post(r.url + "/v1/completions", json={"model": MODEL, "prompt": "a b", "max_tokens": 2}, timeout=20)
+        assert resp.status_code == 200 and resp.headers["x-llm-lb-backend"] == urls[0]
+
+
 def test_least_requests_spreads_concurrent_streams(backends):
     with start_router([b.url for b in backends], router="least_requests") as r:
         n = 6

@@ -151,10 +151,10 @@ def test_client_disconnect_through_the_router_frees_the_llama_server_slot(server
 
 
 def test_sim_to_real_command_runs_a_small_replay(tmp_path):
-    """The sim-to-real command end to end, tiny: 4 requests, one router, one load."""
+    """The sim-to-real command end to end, tiny: 4 requests, two routers, one load."""
     from llm_lb_gym.experiments import sim_to_real
 
-    report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin", "--path-rounds", "1",
+    report = sim_to_real.main(["--requests", "4", "--rates", "2", "--routers", "round_robin,random", "--path-rounds", "1",
                                "--llama-server", SERVER, "--gguf", MODEL, "--out", str(tmp_path)])
     s = report["2.0"]
     # The served path's delay, measured before the replays (4 lone requests a path), is in the
@@ -175,13 +175,19 @@ def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     import csv
 
     rows = list(csv.DictReader(open(tmp_path / "results.csv")))   # each request's simulated times beside the served
-    assert len(rows) == 4 and all(float(r["sim_ttft_s"]) > 0 and float(r["sim_e2e_s"]) >= float(r["sim_ttft_s"])
+    assert len(rows) == 8 and all(float(r["sim_ttft_s"]) > 0 and float(r["sim_e2e_s"]) >= float(r["sim_ttft_s"])
                                   and r["arrival_state"] in sim_to_real.ARRIVAL_STATES for r in rows)
     # The server's own clock, through the router: its prompt time is inside the TTFT the client saw
     # (it also computed every prompt token: no prompt cache), and the simulated prompt time beside it.
     assert all(0 < float(r["server_prompt_s"]) < float(r["ttft_s"]) and float(r["server_decode_s"]) >= 0
                and 0 < float(r["sim_prompt_s"]) <= float(r["sim_ttft_s"]) for r in rows)
     assert "prompt time served (s)" in text
+    # The router service names each reply's backend and is seeded as the simulated router is:
+    # round robin and the random router decide alike on both sides, request by request.
+    assert all(r["served_instance"] in ("0", "1") for r in rows)
+    assert [r["served_instance"] for r in rows] == [r["sim_instance"] for r in rows], rows
+    assert {router: d["2"]["agree"] for router, d in report["decisions"].items()} == {"round_robin": 1.0, "random": 1.0}
+    assert "decisions: the share of requests" in text
     # Re-judged from what it stored, without servers: the same simulated figures, bit for bit,
     # and the same per-request simulated times.
     again = sim_to_real.main(["--rejudge", str(tmp_path), "--out", str(tmp_path / "again")])
@@ -266,9 +272,13 @@ def test_a_stream_reports_the_servers_own_prompt_time_to_the_profile_and_the_loa
     for stream in (True, False):
         res = asyncio.run(replay(servers[1].url, [0.0, 0.1], [8, 16], [3, 2], model="smollm2", stream=stream,
                                  extra_body=extra))
-        assert all(r.error is None and 0 < r.server_prompt_s <= r.e2e_s and r.server_decode_s >= 0 for r in res)
-        if stream:
-            assert all(r.server_prompt_s < r.ttft_s for r in res)
+        for r in res:   # one assertion per field, the result printed: a failure says which and why
+            assert r.error is None, (stream, r)
+            assert 0 < r.server_prompt_s, (stream, r)
+            assert r.server_prompt_s <= r.e2e_s, (stream, r)
+            assert r.server_decode_s >= 0, (stream, r)
+            if stream:
+                assert r.server_prompt_s < r.ttft_s, (stream, r)
 
 
 def test_the_machine_speed_probe_measures_a_real_server(capsys):

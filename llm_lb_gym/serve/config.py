@@ -178,7 +178,14 @@ class RouterServiceConfig:
     drain_timeout_s: float = 30.0
     """On SIGTERM: requests in flight get this long to finish, then are cancelled."""
     seed: int = 0
-    """Seed of the router's generator (random, power_of_two)."""
+    """Seed of the router's generator (random, power_of_two). The simulator seeds a rollout's
+    router the same way (``np.random.default_rng(seed)``), so one seed gives the served and
+    the simulated random router the same draws for the same request sequence."""
+    backend_header: bool = False
+    """Each reply from a backend names it in an ``x-llm-lb-backend`` header (its URL as
+    configured): what a load generator needs to set the served decisions beside a simulated
+    router's (``sim_to_real``). Off by default: clients have no business with the backends'
+    addresses."""
 
     def _check_engine(self) -> None:
         from ..sim.config import EngineConfig
@@ -268,8 +275,9 @@ class RouterServiceConfig:
         if self.engine is not None:
             self._check_engine()
         check_int("max_attempts", self.max_attempts, 1, 100)
-        if not isinstance(self.assemble_upstream, bool):
-            raise ConfigError(f"assemble_upstream={self.assemble_upstream!r}: allowed: True, False")
+        for name in ("assemble_upstream", "backend_header"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}: allowed: True, False")
         for name in ("retry_backoff_s", "retry_backoff_max_s"):
             check_range(name, getattr(self, name), 0.0, 60.0)
         for name in ("connect_timeout_s", "first_byte_timeout_s", "idle_timeout_s", "queue_timeout_s",

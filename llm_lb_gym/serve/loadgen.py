@@ -47,6 +47,9 @@ class Result:
     """The server's own time on the prompt (llama.cpp ``timings.prompt_ms``; NaN: not reported)."""
     server_decode_s: float = math.nan
     """The server's own time on the tokens after the first (``timings.predicted_ms``)."""
+    backend: str = ""
+    """The backend that answered, as a router service names it (``x-llm-lb-backend``, its
+    ``backend_header``); empty where the reply does not say."""
 
 
 def server_timings_s(obj) -> tuple[float, float]:
@@ -85,11 +88,12 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
     body.update(extra)
     first = last = math.nan
     timings = (math.nan, math.nan)
-    tokens, status, error = 0, 0, None
+    tokens, status, error, backend = 0, 0, None, ""
     async with sem:
         try:
             async with client.post(url + path, json=body) as r:
                 status = r.status
+                backend = r.headers.get("x-llm-lb-backend", "")
                 if status != 200:
                     error = _error_of(await r.read()) or f"HTTP {status}"
                 elif not stream:
@@ -125,7 +129,7 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
     tbt = (last - first) / (tokens - 1) * scale if ok and tokens > 1 else math.nan
     return Result(i, arrival_s, p, d, (first - start) * scale if ok else math.nan, tbt,
                   (end - start) * scale if ok else math.nan, tokens, status, error,
-                  *(t * scale if ok else math.nan for t in timings))
+                  *(t * scale if ok else math.nan for t in timings), backend)
 
 
 async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str = "sim-model",

@@ -45,6 +45,8 @@ from .sse import MalformedStream, StreamCheck
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+BACKEND_HEADER = b"x-llm-lb-backend"
+"""Names the backend that answered (``RouterServiceConfig.backend_header``)."""
 
 
 class Guard:
@@ -152,6 +154,11 @@ class Proxy:
 
     def __init__(self, svc: RouterService):
         self.svc = svc
+        self.named = svc.cfg.backend_header
+
+    def via(self, view) -> list:
+        """The reply's header naming its backend (``backend_header``), or none."""
+        return [(BACKEND_HEADER, view.url.encode("latin-1"))] if self.named else []
 
     async def handle(self, scope, receive, send, kind: str, path: str) -> None:
         svc, cfg = self.svc, self.svc.cfg
@@ -240,7 +247,7 @@ class Proxy:
                     content = await resp.read()
                     guard.clear()
                     svc.attempt_ok(view)
-                    await self._answer(send, resp.status, content, resp.content_type())
+                    await self._answer(send, resp.status, content, resp.content_type(), self.via(view))
                     return "ok" if resp.status == 200 else "backend_status"
                 guard.clear()
                 stage = "first_token"
@@ -270,7 +277,7 @@ class Proxy:
             svc.attempt_ok(view)
             if n:
                 view.on_tokens(rid, n)
-            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + self.via(view)})
             await send({"type": "http.response.body", "body": first, "more_body": True})
             return await self._relay(view, resp, relay, check, rid, send)
         finally:
@@ -281,9 +288,9 @@ class Proxy:
                 resp.release()   # kept alive if read to its end; else dropped: the backend sees us go
             svc.finish(view, rid)
 
-    async def _answer(self, send, status: int, content: bytes, ctype: str | None) -> None:
+    async def _answer(self, send, status: int, content: bytes, ctype: str | None, via=()) -> None:
         headers = [(b"content-type", (ctype or "application/json").encode("latin-1")),
-                   (b"content-length", str(len(content)).encode())]
+                   (b"content-length", str(len(content)).encode()), *via]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
@@ -308,7 +315,7 @@ class Proxy:
                 raise Failed("stream", str(exc)) from None
             svc.attempt_failed(view, "stream", str(exc))
             await send_json(send, 502, error_body(f"backend {view.url} sent an error instead of its "
-                                                  f"reply: {exc}", "upstream_error"))
+                                                  f"reply: {exc}", "upstream_error"), self.via(view))
             return "upstream_error"
         except asyncio.CancelledError:
             if guard.caught("backend_down") is None:
@@ -319,7 +326,7 @@ class Proxy:
                 raise Failed("stream", relay.why or f"{type(exc).__name__}: {exc}") from None
         if not asm.complete:
             raise Failed("stream", "the stream ended before the reply was complete")
-        await send_json(send, 200, asm.reply(req.prompt_tokens))
+        await send_json(send, 200, asm.reply(req.prompt_tokens), self.via(view))
         return "ok"
 
     async def _relay(self, view, resp, relay, check, rid, send) -> str:
@@ -349,5 +356,5 @@ class Proxy:
         return "upstream_error"
 
 
-__all__ = ["Proxy", "Guard", "Failed", "send_json", "read_body"]
+__all__ = ["Proxy", "Guard", "Failed", "send_json", "read_body", "BACKEND_HEADER"]
 _ = parse_request
