@@ -103,7 +103,7 @@ def decision_agreement(rows: list[dict], routers) -> tuple[list[str], dict | Non
                 rep = sorted((int(float(r["index"])), s) for r, s in zip(mine, same) if int(float(r["repeat"])) == k)
                 firsts.append(next((i for i, s in rep if not s), len(rep)))
             share, first = float(np.mean(same)), float(np.median(firsts))
-            got.setdefault(router, {})[f"{rate:g}"] = dict(requests=len(mine), agree=share, first_parted=first)
+            got.setdefault(router, {})[str(rate)] = dict(requests=len(mine), agree=share, first_parted=first)
             cells.append(f"{share:.1%} of {len(mine)} ({first:g})")
         lines.append(f"| {router} | " + " | ".join(cells) + " |")
     return lines + [""], got

@@ -11,7 +11,11 @@ and one router process, all child processes, stopped afterwards), and every rout
 same request sequence (``--seed``): a paired comparison, as ``llm_lb_gym.experiments.evaluate`` pairs
 episodes. The same sequence is also run through the simulator itself with the same router
 (``sim`` rows), so the table shows how far the served cluster and the simulation agree: each
-served row's last two columns are its mean and p99 E2E against its own simulation.
+served row's mean and p99 E2E are set against its own simulation, and its decisions too: the
+share of requests the simulated router sent to the backend the served one did (the router is
+seeded alike and names each reply's backend; ``served_instance`` and ``sim_instance`` in
+``results.csv``). Round robin and the random router must agree on every request; a router that
+reads the backends' state agrees as far as the simulated state tracks the served one.
 ``--options-from`` gives the routers a setting's tuned options (as ``serve router``);
 ``--policy RUN_DIR`` adds a ``learned`` row: the network of an ``improve`` or ``train`` run,
 served with ``serve router --policy`` and simulated deciding on the simulator's cluster.
@@ -77,10 +81,16 @@ def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int, 
     """The same requests through the simulator (oracle predictions = max_tokens, as served; ideal
     latencies as the service computes them; ``serve.lockstep.simulated_run``). ``router``
     "learned": the network of ``policy``, deciding on the simulator's cluster."""
+    from llm_lb_gym.sim.metrics import episode_metrics
+
+    return episode_metrics(simulate_cluster(batch, router, options, n, preset, seed, policy).table)
+
+
+def simulate_cluster(batch, router: str, options: dict, n: int, preset: str, seed: int, policy: str | None = None):
+    """As :func:`simulate`, the finished cluster (its table: each request's instance)."""
     from llm_lb_gym.routers.registry import make_router
     from llm_lb_gym.serve.lockstep import simulated_run
     from llm_lb_gym.sim.config import ClusterConfig, EngineConfig
-    from llm_lb_gym.sim.metrics import episode_metrics
 
     if router == "learned":
         from llm_lb_gym.serve.config import RouterServiceConfig
@@ -91,11 +101,13 @@ def simulate(batch, router: str, options: dict, n: int, preset: str, seed: int, 
         r = make_router(router, **options)
     cluster, _ = simulated_run(batch, ClusterConfig(num_instances=n, engine=EngineConfig(preset=preset)),
                                r, np.random.default_rng(seed), 0.02)
-    return episode_metrics(cluster.table)
+    return cluster
 
 
 def serve_stack(args, router: str, options: dict):
-    """Start N simulated backends and a router (child processes); return (url, processes)."""
+    """Start N simulated backends and a router (child processes); return (url, processes,
+    backend URLs). The router is seeded as :func:`simulate` seeds its router (a random router
+    draws alike on both sides) and names each reply's backend (``--backend-header``)."""
     import os
     import subprocess
 
@@ -112,7 +124,7 @@ def serve_stack(args, router: str, options: dict):
         cmd = [sys.executable, "-m", "llm_lb_gym.experiments.serve", "router", "--port", str(port),
                *(["--policy", args.policy] if router == "learned" else ["--router", router]),
                "--preset", args.preset, "--context-tokens", str(args.context_tokens),
-               "--decision-interval-s", str(0.02 / args.time_scale)]
+               "--decision-interval-s", str(0.02 / args.time_scale), "--seed", str(args.seed), "--backend-header"]
         if args.options_from and router != "learned":
             cmd += ["--options-from", args.options_from]
         for u in urls:
@@ -123,7 +135,7 @@ def serve_stack(args, router: str, options: dict):
                                       stdout=subprocess.DEVNULL))
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, 60.0, procs[-1])
-        return url, procs
+        return url, procs, urls
     except BaseException:
         stop(procs)
         raise
@@ -163,10 +175,10 @@ def main(argv=None) -> None:
         opts = per_router.get(router, {})
         if router != "learned":
             opts = {**served_router_options(args.options_from, router), **opts}
-        procs = []
+        procs, backends = [], []
         url = args.url
         if url is None:
-            url, procs = serve_stack(args, router, opts)
+            url, procs, backends = serve_stack(args, router, opts)
         try:
             res = asyncio.run(replay(url, batch.arrival_s, batch.prompt_tokens, batch.decode_tokens,
                                      model=args.model, time_scale=args.time_scale,
@@ -175,10 +187,19 @@ def main(argv=None) -> None:
         finally:
             stop(procs)
         summary[router] = summarize(res)
-        rows += [dict(router=router, **r.__dict__) for r in res]
+        mine = [dict(router=router, **r.__dict__) for r in res]
         if args.url is None:
-            summary[router + " (sim)"] = simulate(batch, router, opts, args.sim_backends, args.preset,
-                                                  args.seed, args.policy)
+            from llm_lb_gym.sim.metrics import episode_metrics
+
+            cluster = simulate_cluster(batch, router, opts, args.sim_backends, args.preset, args.seed, args.policy)
+            summary[router + " (sim)"] = episode_metrics(cluster.table)
+            for row, sim in zip(mine, cluster.table.instance):   # the served decision beside the simulated
+                row["served_instance"] = backends.index(row["backend"]) if row["backend"] in backends else -1
+                row["sim_instance"] = int(sim)
+            named = [row for row in mine if row["served_instance"] >= 0]
+            summary[router]["decisions_agree"] = (
+                float(np.mean([row["served_instance"] == row["sim_instance"] for row in named])) if named else np.nan)
+        rows += mine
         print(f"{router}: {summary[router]['errors']:.0f} errors of {len(res)}", file=sys.stderr)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -186,7 +207,8 @@ def main(argv=None) -> None:
         w.writerows(rows)
     base = summary[routers[0]] if args.url is None else None
     lines = ["| router | " + " | ".join(h for _, h in COLUMNS) + " | errors | E2E vs " +
-             (routers[0] if base else "-") + " | served vs sim: mean | p99 |", "|" + "---|" * (len(COLUMNS) + 5)]
+             (routers[0] if base else "-") + " | served vs sim: mean | p99 | decisions as simulated |",
+             "|" + "---|" * (len(COLUMNS) + 6)]
     for name, s in summary.items():
         change = ""
         if base and not name.endswith("(sim)"):
@@ -196,10 +218,11 @@ def main(argv=None) -> None:
             change = f"{100 * (s['mean_e2e_s'] - sb['mean_e2e_s']) / sb['mean_e2e_s']:+.2f}%"
         errs = s.get("errors", s.get("rejected", 0))
         cells = " | ".join(f"{s[k]:.3f}" for k, _ in COLUMNS)
-        vs = " | "
+        vs = " | | "
         if base and not name.endswith("(sim)"):
             sim = summary[name + " (sim)"]
             vs = " | ".join(f"{100 * (s[k] - sim[k]) / sim[k]:+.1f}%" for k in ("mean_e2e_s", "p99_e2e_s"))
+            vs += f" | {s['decisions_agree']:.1%}"   # requests the simulated router sent where the served one did
         lines.append(f"| {name} | {cells} | {errs:.0f} | {change} | {vs} |")
     text = (f"{args.requests} requests of {args.workload} {args.workload_option}, seed {args.seed}, "
             f"{args.sim_backends} x {args.preset}, time scale {args.time_scale}\n\n"

@@ -626,6 +626,26 @@ def test_loadgen_command_writes_its_table(backends, tmp_path):
         loadgen.main(["--url", "http://example.com:8000", "--requests", "1", "--out", str(tmp_path)])
 
 
+def test_loadgen_stacks_set_the_served_decisions_beside_the_simulated(tmp_path):
+    """``--sim-backends``: a fresh stack per router (child processes), and per request the backend
+    the served router chose beside the simulated router's choice; round robin and the random
+    router (seeded alike) agree on every request."""
+    import csv
+
+    from llm_lb_gym.experiments import loadgen
+
+    loadgen.main(["--sim-backends", "2", "--routers", "round_robin,random", "--requests", "10", "--time-scale", "8",
+                  "-w", "rate_rps=4", "--seed", "5", "--out", str(tmp_path)])
+    with open(tmp_path / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    for router in ("round_robin", "random"):
+        mine = [r for r in rows if r["router"] == router]
+        assert len(mine) == 10 and all(r["error"] == "" for r in mine)
+        assert [r["served_instance"] for r in mine] == [r["sim_instance"] for r in mine], mine
+    assert [r["sim_instance"] for r in rows if r["router"] == "random"] != ["0", "1"] * 5   # not round robin's
+    assert (tmp_path / "summary.md").read_text().count(" | 100.0% |") == 2
+
+
 def test_simulated_backend_takes_a_fresh_engine_when_its_table_is_full():
     with ServerThread(sim_app(SimBackendConfig(time_scale=50.0, table_capacity=16))) as b:
         with httpx.Client(base_url=b.url, timeout=20) as c:

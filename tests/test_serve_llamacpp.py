@@ -186,7 +186,7 @@ def test_sim_to_real_command_runs_a_small_replay(tmp_path):
     # round robin and the random router decide alike on both sides, request by request.
     assert all(r["served_instance"] in ("0", "1") for r in rows)
     assert [r["served_instance"] for r in rows] == [r["sim_instance"] for r in rows], rows
-    assert {router: d["2"]["agree"] for router, d in report["decisions"].items()} == {"round_robin": 1.0, "random": 1.0}
+    assert {router: d["2.0"]["agree"] for router, d in report["decisions"].items()} == {"round_robin": 1.0, "random": 1.0}
     assert "decisions: the share of requests" in text
     # Re-judged from what it stored, without servers: the same simulated figures, bit for bit,
     # and the same per-request simulated times.

@@ -773,6 +773,12 @@ IDLE_SPLITS = {
     "llamacpp_replays_20261207_i": (
         "| round_robin | cluster idle | 437 | 0.139 | 0.116 | -16.1% | 0.133 | 0.105 | -20.8% | 6.2 | 11.4 |",
         {"corrected": (1.238, 0.005), "slope": (0.54, 0.01)}),
+    # The tenth (seed 7, four routers, the served router seeded as the simulated one and naming
+    # each reply's backend): the same prompt-time transfer (x1.20 at the checks' speed), which
+    # the checks did not track this time (slope 0.12).
+    "llamacpp_replays_20261208": (
+        "| round_robin | cluster idle | 358 | 0.149 | 0.136 | -8.7% | 0.143 | 0.119 | -16.8% | 6.5 | 17.5 |",
+        {"corrected": (1.198, 0.005), "slope": (0.12, 0.01)}),
 }
 """Per stored run with every request's prompt time: round_robin's idle-cluster row of the TTFT
 split, and the checks' correction figures pinned (docs/serving.md says what each shows)."""
@@ -791,6 +797,7 @@ split, and the checks' correction figures pinned (docs/serving.md says what each
     ("llamacpp_replays_20261207_g", 9, (9, 4), (9, 0.0743, 0.1011), (1, 0.2269, 0.2350), (3, 0)),
     ("llamacpp_replays_20261207_h", 9, (9, 0), (8, 0.0491, 0.1508), (7, 0.1124, 0.2574), (3, 2)),
     ("llamacpp_replays_20261207_i", 9, (9, 2), (8, 0.0815, 0.2222), (3, 0.1679, 0.3214), (3, 2)),
+    ("llamacpp_replays_20261208", 12, (18, 6), (12, 0.0662, 0.1321), (10, 0.1052, 0.1626), (3, 3)),
 ])
 def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, loads, ranking, e2e, ttft, pooled):
     """The simulator judged against 36 real replays, without servers: per router and load the
@@ -824,7 +831,11 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
     (dedicated_small_large at 1.0 req/s -15.1% and -25.7%), no router pair resolved; the replays'
     prompts x1.18 the simulated time at the checks' speed. The ninth (seed 6, that night): E2E 8 of
     9, TTFT 3 of 9 (every router-load but two short, to -32.1% for dedicated_small_large at 1.0
-    req/s), 2 of 9 pairs resolved, 2 of 2 agree; the replays' prompts x1.24."""
+    req/s), 2 of 9 pairs resolved, 2 of 2 agree; the replays' prompts x1.24. The tenth (seed 7,
+    2026-12-08, four routers, random among them, its served router seeded as the simulated one):
+    E2E 12 of 12, TTFT 10 of 12 (dedicated_small_large at 0.5 req/s -15.9%, random at 1.5 req/s
+    -16.3%), pooled per load within 15% on both at every load, 6 of 18 pairs resolved, 6 of 6
+    agree; the decisions below."""
     import json
 
     from llm_lb_gym.experiments import sim_to_real
@@ -856,6 +867,24 @@ def test_the_stored_llamacpp_replays_rejudged_by_this_simulator(tmp_path, run, l
         assert next(line for line in text.splitlines() if line.startswith("| round_robin | cluster idle |")) == row
         for key, (value, tol) in correction.items():
             assert report["correction"][key] == pytest.approx(value, abs=tol), key
+    if run in DECISIONS:
+        # The served decisions beside the simulated ones, request by request (decision_agreement).
+        got = {router: {rate: round(d["agree"], 4) for rate, d in per.items()} for router, per in report["decisions"].items()}
+        assert got == DECISIONS[run]
+    else:
+        assert "decisions" not in report   # stored before the router named its backends
+
+
+DECISIONS = {
+    # Round robin, the random router (seeded alike) and dedicated_small_large (on two servers it
+    # routes by request size) send every request where the simulated router does; least_requests
+    # parts from it as the simulated servers' state parts from the served ones', more at higher load.
+    "llamacpp_replays_20261208": {
+        **{r: {"0.5": 1.0, "1.0": 1.0, "1.5": 1.0} for r in ("round_robin", "random", "dedicated_small_large")},
+        "least_requests": {"0.5": 0.9583, "1.0": 0.9042, "1.5": 0.8208}},
+}
+"""Per stored run whose served router named its backends: each router's share of requests
+decided as the simulator decided, per load."""
 
 
 def test_the_readings_probe_rejudges_a_stored_run_under_each_reading():
