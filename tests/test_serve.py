@@ -626,6 +626,37 @@ def test_loadgen_command_writes_its_table(backends, tmp_path):
         loadgen.main(["--url", "http://example.com:8000", "--requests", "1", "--out", str(tmp_path)])
 
 
+def test_loadgen_sends_again_once_only_what_a_closed_connection_never_took():
+    """A request answered with nothing on a connection the server closed (a stale kept-alive
+    one, as llama-server leaves after a streamed reply) is sent once more; one that fails that
+    way twice is recorded as an error, after exactly two tries."""
+    body = json.dumps({"usage": {"completion_tokens": 1}}).encode()
+    ok = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: " + str(len(body)).encode()
+          + b"\r\n\r\n" + body)
+
+    async def run(closes: int):
+        seen = []
+
+        async def handle(reader, writer):
+            await reader.readuntil(b"\r\n\r\n")
+            seen.append(1)
+            if len(seen) > closes:
+                writer.write(ok)
+                await writer.drain()
+            writer.close()   # closed without a word the first ``closes`` times
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server:
+            res = await replay(f"http://127.0.0.1:{port}", [0.0], [2], [1], model=MODEL, stream=False)
+        return res[0], len(seen)
+
+    res, tries = asyncio.run(run(1))
+    assert res.error is None and res.status == 200 and tries == 2
+    res, tries = asyncio.run(run(2))
+    assert res.error is not None and "ServerDisconnected" in res.error and tries == 2
+
+
 def test_loadgen_stacks_set_the_served_decisions_beside_the_simulated(tmp_path):
     """``--sim-backends``: a fresh stack per router (child processes), and per request the backend
     the served router chose beside the simulated router's choice; round robin and the random

@@ -74,7 +74,7 @@ def _error_of(payload: bytes) -> str | None:
 
 async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d: int,
                t0: float, scale: float, sem: asyncio.Semaphore, stream: bool, chat: bool,
-               extra: dict) -> Result:
+               extra: dict, stale=lambda exc: False) -> Result:
     await asyncio.sleep(max(0.0, t0 + arrival_s / scale - time.monotonic()))
     start = t0 + arrival_s / scale
     words = " ".join(["tok"] * p)
@@ -90,38 +90,42 @@ async def _one(client, url: str, model: str, i: int, arrival_s: float, p: int, d
     timings = (math.nan, math.nan)
     tokens, status, error, backend = 0, 0, None, ""
     async with sem:
-        try:
-            async with client.post(url + path, json=body) as r:
-                status = r.status
-                backend = r.headers.get("x-llm-lb-backend", "")
-                if status != 200:
-                    error = _error_of(await r.read()) or f"HTTP {status}"
-                elif not stream:
-                    obj = json.loads(await r.read())
-                    tokens = int(obj.get("usage", {}).get("completion_tokens", d))
-                    timings = server_timings_s(obj)
-                    first = last = time.monotonic()
-                else:
-                    async for raw in r.content:
-                        line = raw.decode().rstrip("\n")
-                        if not line.startswith("data: ") or line == "data: [DONE]":
-                            continue
-                        if '"error"' in line:
-                            error = _error_of(line[6:].encode()) or line
-                            continue
-                        if '"finish_reason":null' in line.replace(" ", ""):
-                            now = time.monotonic()
-                            if tokens == 0:
-                                first = now
-                            last = now
-                            tokens += 1
-                        elif '"timings"' in line:   # the final event (llama.cpp): the server's own clock
-                            try:
-                                timings = server_timings_s(json.loads(line[6:]))
-                            except (ValueError, KeyError, TypeError):
-                                pass   # not ours to judge: the latencies stand without it
-        except Exception as exc:   # connection refused, reset, timeout: recorded, not raised
-            error = f"{type(exc).__name__}: {exc}"
+        for attempt in range(2):
+            try:
+                async with client.post(url + path, json=body) as r:
+                    status = r.status
+                    backend = r.headers.get("x-llm-lb-backend", "")
+                    if status != 200:
+                        error = _error_of(await r.read()) or f"HTTP {status}"
+                    elif not stream:
+                        obj = json.loads(await r.read())
+                        tokens = int(obj.get("usage", {}).get("completion_tokens", d))
+                        timings = server_timings_s(obj)
+                        first = last = time.monotonic()
+                    else:
+                        async for raw in r.content:
+                            line = raw.decode().rstrip("\n")
+                            if not line.startswith("data: ") or line == "data: [DONE]":
+                                continue
+                            if '"error"' in line:
+                                error = _error_of(line[6:].encode()) or line
+                                continue
+                            if '"finish_reason":null' in line.replace(" ", ""):
+                                now = time.monotonic()
+                                if tokens == 0:
+                                    first = now
+                                last = now
+                                tokens += 1
+                            elif '"timings"' in line:   # the final event (llama.cpp): the server's own clock
+                                try:
+                                    timings = server_timings_s(json.loads(line[6:]))
+                                except (ValueError, KeyError, TypeError):
+                                    pass   # not ours to judge: the latencies stand without it
+            except Exception as exc:   # connection refused, reset, timeout: recorded, not raised
+                if attempt == 0 and status == 0 and stale(exc):
+                    continue   # nothing came back on a kept-alive connection the server had closed: once more
+                error = f"{type(exc).__name__}: {exc}"
+            break
     end = time.monotonic()
     if error is None and stream and tokens < d:
         error = f"stream ended after {tokens} of {d} tokens"
@@ -138,8 +142,21 @@ async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str =
     """Replay the requests (arrival times in seconds from 0) against ``url``; one Result each,
     in input order. Every request ends with a result: an error is recorded, never raised.
     ``extra_body``: fields added to every request (llama.cpp needs ``ignore_eos`` to generate
-    exactly ``max_tokens``, and ``cache_prompt`` false to compute every prompt token)."""
+    exactly ``max_tokens``, and ``cache_prompt`` false to compute every prompt token).
+
+    A request is sent again once, and only if nothing at all came back and the failure is one
+    of a stale kept-alive connection (the body could not be written, or the server disconnected
+    before any header; not a refused connection, a timeout or anything after the status line).
+    Why: llama-server closes a connection after a streamed reply, and a request that takes the
+    pooled connection in that instant fails to write its body without the server ever seeing
+    it (seen once in CI: ``ClientOSError: Can not write request body``, the second of two
+    requests 0.1 s apart). That is the client's race, not the server's failure; a server that
+    is down still fails the second attempt, and is recorded."""
     import aiohttp
+
+    def stale(exc: BaseException) -> bool:
+        return (isinstance(exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError))
+                and not isinstance(exc, aiohttp.ClientConnectorError))
 
     if time_scale <= 0 or max_concurrency < 1:
         raise ValueError(f"time_scale={time_scale} must be > 0 and max_concurrency={max_concurrency} >= 1")
@@ -150,7 +167,7 @@ async def replay(url: str, arrival_s, prompt_tokens, max_tokens, *, model: str =
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
         t0 = time.monotonic() + 0.05
         tasks = [_one(client, url, model, i, float(a), int(p), int(d), t0, time_scale, sem, stream, chat,
-                      dict(extra_body or {}))
+                      dict(extra_body or {}), stale)
                  for i, (a, p, d) in enumerate(zip(arrival_s, prompt_tokens, max_tokens))]
         return list(await asyncio.gather(*tasks))
 
