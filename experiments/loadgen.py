@@ -155,7 +155,7 @@ def main(argv=None) -> None:
     require("serve", "llm-lb-gym loadgen")
     from urllib.parse import urlparse
 
-    from llm_lb_gym.serve.loadgen import replay, summarize
+    from llm_lb_gym.serve.loadgen import backend_index, replay, summarize
 
     local = ("127.0.0.1", "localhost", "::1")
     if args.url and not args.allow_remote and urlparse(args.url).hostname not in local:
@@ -194,7 +194,7 @@ def main(argv=None) -> None:
             cluster = simulate_cluster(batch, router, opts, args.sim_backends, args.preset, args.seed, args.policy)
             summary[router + " (sim)"] = episode_metrics(cluster.table)
             for row, sim in zip(mine, cluster.table.instance):   # the served decision beside the simulated
-                row["served_instance"] = backends.index(row["backend"]) if row["backend"] in backends else -1
+                row["served_instance"] = backend_index(row["backend"], backends)
                 row["sim_instance"] = int(sim)
             named = [row for row in mine if row["served_instance"] >= 0]
             summary[router]["decisions_agree"] = (

@@ -276,9 +276,11 @@ def served_row(rate: float, k: int, router: str, r, urls) -> dict:
     """A replayed request's row of results.csv: its ``Result`` with the backend that answered as
     ``served_instance`` (its index among the replay's servers, as the simulator numbers its
     instances; -1 where the reply did not say), not as the URL of a server gone since."""
+    from llm_lb_gym.serve.loadgen import backend_index
+
     row = dict(rate_rps=rate, repeat=k, router=router, **r.__dict__)
     backend = row.pop("backend")
-    row["served_instance"] = urls.index(backend) if backend in urls else -1
+    row["served_instance"] = backend_index(backend, urls)
     return row
 
 

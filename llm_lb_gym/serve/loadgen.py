@@ -61,6 +61,12 @@ def server_timings_s(obj) -> tuple[float, float]:
             float(t["predicted_ms"]) / 1e3 if "predicted_ms" in t else math.nan)
 
 
+def backend_index(backend: str, urls) -> int:
+    """A reply's named backend (``Result.backend``) as its index in ``urls``, the instance
+    number a simulation of those backends gives it; -1 where the reply named none of them."""
+    return urls.index(backend) if backend in urls else -1
+
+
 def _error_of(payload: bytes) -> str | None:
     try:
         obj = json.loads(payload)
